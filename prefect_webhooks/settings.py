@@ -1,0 +1,72 @@
+"""Settings read from the environment (prefix ``PREFECT_WEBHOOKS_``)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_HOME = Path.home() / ".prefect-webhooks"
+
+
+class WebhooksSettings(BaseSettings):
+    """Every knob of prefect-webhooks; each field maps to ``PREFECT_WEBHOOKS_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="PREFECT_WEBHOOKS_", extra="ignore")
+
+    home: Path = Field(default=DEFAULT_HOME, description="Folder for the embedded SQLite store and run files.")
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL of the store; empty means a SQLite file in `home`.",
+    )
+    request_timeout: float = Field(default=5.0, gt=0, description="Seconds an endpoint has to answer.")
+    max_retry_age: float = Field(
+        default=4 * 3600.0,
+        gt=0,
+        description="Seconds after a message's first attempt after which it is no longer attempted.",
+    )
+    retry_base_delay: float = Field(default=5.0, gt=0, description="First retry delay in seconds.")
+    retry_max_delay: float = Field(default=1800.0, gt=0, description="Largest retry delay in seconds.")
+    task_retries: int = Field(
+        default=2, ge=0, description="Retries of a delivery batch inside one flow run (Prefect task retries)."
+    )
+    lease_seconds: float = Field(
+        default=120.0, gt=0, description="How long a claim holds messages before another run may take them."
+    )
+    claim_batch_size: int = Field(default=500, gt=0, description="Messages claimed per delivery task run.")
+    delivery_concurrency: int = Field(
+        default=64, gt=0, description="Concurrent requests a delivery process keeps in flight."
+    )
+    block_cache_seconds: float = Field(
+        default=10.0, ge=0, description="How long a loaded block is reused before it is read again."
+    )
+    ingest_host: str = Field(default="127.0.0.1", description="Address the ingest API listens on.")
+    ingest_port: int = Field(default=8088, description="Port the ingest API listens on.")
+    endpoint: str = Field(
+        default="",
+        description="Ingest API base URL the Analytics client sends to; empty means http://ingest_host:ingest_port.",
+    )
+    dedupe_window_seconds: float = Field(
+        default=24 * 3600.0, gt=0, description="How long a messageId is remembered per source."
+    )
+    block_private_networks: bool = Field(
+        default=False, description="Refuse destination URLs on loopback or private networks (SSRF guard)."
+    )
+
+    def resolved_database_url(self) -> str:
+        """The store URL, defaulting to a SQLite file under ``home``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home / 'webhooks.db'}"
+
+    def resolved_endpoint(self) -> str:
+        """The ingest API base URL clients send to."""
+        return self.endpoint or f"http://{self.ingest_host}:{self.ingest_port}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> WebhooksSettings:
+    """Settings read once per process; call ``get_settings.cache_clear()`` after changing the environment."""
+    return WebhooksSettings()

@@ -1,0 +1,187 @@
+"""The store: the source of truth for every message, attempt, audience state and deletion request.
+
+SQLite (WAL) by default, PostgreSQL for scale-out; the same schema and code serve both. ``create_schema`` is
+idempotent, so every process may call it at start.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary, event
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, SQLModel, create_engine
+
+from prefect_webhooks.settings import get_settings
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
+BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+# States of an outbox row.
+PENDING = "pending"
+DELIVERED = "delivered"
+FAILED = "failed"
+
+
+class OutboxMessage(SQLModel, table=True):
+    """One outbound message for one destination: a row before its first attempt, then its outcome."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        Index("ix_outbox_due", "state", "next_attempt_at"),
+        Index("ix_outbox_destination_state", "destination", "state"),
+        Index("ix_outbox_user", "user_id"),
+    )
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BIG_ID, primary_key=True, autoincrement=True)
+    )
+    destination: str = Field(max_length=255, description="Name of the WebhookDestination block.")
+    source: str | None = Field(default=None, max_length=255, description="Name of the Source block it came from.")
+    message_type: str = Field(max_length=16)
+    message_id: str | None = Field(default=None, max_length=1024)
+    user_id: str | None = Field(default=None, max_length=1024)
+    body: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    state: str = Field(default=PENDING, max_length=16)
+    reason: str | None = Field(default=None)
+    attempts: int = Field(default=0)
+    created_at: datetime
+    first_attempt_at: datetime | None = None
+    next_attempt_at: datetime
+    lease_owner: str | None = Field(default=None, max_length=64)
+    lease_expires_at: datetime | None = None
+    delivered_at: datetime | None = None
+    delivered_url: str | None = None
+
+
+class DeliveryAttempt(SQLModel, table=True):
+    """One HTTP request (or refusal to send one) to one endpoint URL."""
+
+    __tablename__ = "delivery_attempts"
+    __table_args__ = (Index("ix_attempts_outbox", "outbox_id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(BIG_ID, primary_key=True, autoincrement=True))
+    outbox_id: int = Field(sa_column=Column(BigInteger, nullable=False))
+    attempted_at: datetime
+    url: str
+    status_code: int | None = None
+    error: str | None = None
+    latency_ms: float = 0.0
+    outcome: str = Field(max_length=16, description="delivered, retry or permanent.")
+
+
+class SeenMessage(SQLModel, table=True):
+    """A messageId accepted from a source, remembered for the dedupe window."""
+
+    __tablename__ = "seen_messages"
+    __table_args__ = (Index("ix_seen_received", "received_at"),)
+
+    source: str = Field(primary_key=True, max_length=255)
+    message_id: str = Field(primary_key=True, max_length=1024)
+    received_at: datetime
+
+
+class Audience(SQLModel, table=True):
+    """An audience or computed trait; ``key`` is fixed at creation."""
+
+    __tablename__ = "audiences"
+
+    key: str = Field(primary_key=True, max_length=255)
+    name: str
+    kind: str = Field(default="audience", max_length=32, description="audience or computed_trait.")
+    sources: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    created_at: datetime
+    updated_at: datetime
+
+
+class AudienceState(SQLModel, table=True):
+    """The last value of an audience or trait that reached the outbox, per destination and user."""
+
+    __tablename__ = "audience_state"
+
+    audience_key: str = Field(primary_key=True, max_length=255)
+    destination: str = Field(primary_key=True, max_length=255)
+    user_id: str = Field(primary_key=True, max_length=1024)
+    value: str = Field(description="JSON-encoded value last sent.")
+
+
+class DeletionRequest(SQLModel, table=True):
+    """A request to delete a user's data, and its outcome."""
+
+    __tablename__ = "deletion_requests"
+
+    id: int | None = Field(default=None, primary_key=True)
+    user_id: str = Field(max_length=1024)
+    sources: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    suppress: bool = False
+    state: str = Field(default="requested", max_length=16)
+    outcome: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    created_at: datetime
+    completed_at: datetime | None = None
+
+
+class SuppressedUser(SQLModel, table=True):
+    """A user whose further events are dropped at ingestion (after a deletion request asked for it)."""
+
+    __tablename__ = "suppressed_users"
+
+    user_id: str = Field(primary_key=True, max_length=1024)
+    source: str = Field(primary_key=True, max_length=255, description="Source name, or * for every source.")
+    created_at: datetime
+
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the API write while delivery reads; NORMAL sync is durable across a process kill.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The engine for ``url`` (default: the configured store), created once per process."""
+    url = url or get_settings().resolved_database_url()
+    with _engines_lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = _make_engine(url)
+            _engines[url] = engine
+        return engine
+
+
+def _make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            from pathlib import Path
+
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _tune_sqlite)
+    else:
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+        engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    create_schema(engine)
+    return engine
+
+
+def create_schema(engine: Engine) -> None:
+    """Create every table and index that is missing; safe to call from any number of processes."""
+    SQLModel.metadata.create_all(engine, checkfirst=True)
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection (tests and forked children call this)."""
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()

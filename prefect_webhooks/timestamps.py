@@ -1,0 +1,60 @@
+"""Parsing inbound ISO 8601 timestamps and formatting outbound ones (UTC, milliseconds, ``Z``)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+_ISO = re.compile(
+    r"^(?P<date>\d{4}-\d{2}-\d{2})[Tt ](?P<time>\d{2}:\d{2}(?::\d{2})?)"
+    r"(?:[.,](?P<frac>\d{1,9}))?"
+    r"(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)?$"
+)
+
+
+class TimestampError(ValueError):
+    """A timestamp that is not ISO 8601."""
+
+
+def parse_timestamp(value: str | datetime) -> datetime:
+    """Parse ISO 8601 with ``Z``, ``+00:00`` or ``-0800`` and 0–9 fraction digits into an aware UTC datetime.
+
+    A timestamp without an offset is taken as UTC.
+    """
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    if not isinstance(value, str):
+        raise TimestampError(f"expected an ISO 8601 string, got {type(value).__name__}")
+    match = _ISO.match(value.strip())
+    if not match:
+        raise TimestampError(f"not an ISO 8601 timestamp: {value[:64]!r}")
+    time_part = match["time"] if match["time"].count(":") == 2 else match["time"] + ":00"
+    frac = (match["frac"] or "0")[:6].ljust(6, "0")
+    try:
+        parsed = datetime.fromisoformat(f"{match['date']}T{time_part}.{frac}")
+    except ValueError as exc:
+        raise TimestampError(f"not a valid date-time: {value[:64]!r}") from exc
+    tz = match["tz"]
+    if tz is None or tz in ("Z", "z"):
+        offset = timedelta(0)
+    else:
+        sign = -1 if tz[0] == "-" else 1
+        digits = tz[1:].replace(":", "")
+        hours, minutes = int(digits[:2]), int(digits[2:4] or 0)
+        if hours > 23 or minutes > 59:
+            raise TimestampError(f"invalid UTC offset in {value[:64]!r}")
+        offset = sign * timedelta(hours=hours, minutes=minutes)
+    return (parsed - offset).replace(tzinfo=timezone.utc)
+
+
+def format_timestamp(value: datetime) -> str:
+    """Format as the outbound wire wants it: UTC, millisecond precision, ``Z`` suffix."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    value = value.astimezone(timezone.utc)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def utcnow() -> datetime:
+    """The current time, aware, in UTC."""
+    return datetime.now(timezone.utc)

@@ -7,7 +7,7 @@ names (``user_id``…). Every rule the specification gives for a call is checked
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -63,12 +63,6 @@ class BaseMessage(BaseModel):
     @classmethod
     def _parse_time(cls, value: Any) -> Any:
         return None if value is None else parse_timestamp(value)
-
-    @field_validator("integrations")
-    @classmethod
-    def _boolean_switches(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # Destination switches are booleans; option objects (Segment allows them) count as enabled.
-        return value
 
     @model_validator(mode="after")
     def _needs_identity(self) -> BaseMessage:
@@ -131,7 +125,7 @@ class Alias(BaseMessage):
     user_id: Id
 
 
-Message = Annotated[Union[Identify, Track, Page, Screen, Group, Alias], Field(discriminator="type")]
+Message = Annotated[Identify | Track | Page | Screen | Group | Alias, Field(discriminator="type")]
 MESSAGE_MODELS: dict[str, type[BaseMessage]] = {
     "identify": Identify,
     "track": Track,

@@ -14,8 +14,7 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.payloads import serialize
-from prefect_webhooks.store import PENDING, OutboxMessage, get_engine
-from prefect_webhooks.timestamps import utcnow
+from prefect_webhooks.store import PENDING, OutboxMessage, get_engine, store_now, to_store_time
 
 
 def payload_user(payload: dict[str, Any]) -> str | None:
@@ -32,7 +31,7 @@ def outbox_rows(
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Rows for ``payloads`` bound to ``destination``, due at once; each body serialised here, once."""
-    now = now or utcnow()
+    now = to_store_time(now) if now else store_now()
     rows = []
     for index, payload in enumerate(payloads):
         rows.append(

@@ -7,7 +7,7 @@ idempotent, so every process may call it at start.
 from __future__ import annotations
 
 import threading
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary, event
@@ -130,6 +130,18 @@ class SuppressedUser(SQLModel, table=True):
     user_id: str = Field(primary_key=True, max_length=1024)
     source: str = Field(primary_key=True, max_length=255, description="Source name, or * for every source.")
     created_at: datetime
+
+
+def store_now() -> datetime:
+    """The current time as the store keeps times: naive UTC (identical on SQLite and PostgreSQL)."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def to_store_time(value: datetime) -> datetime:
+    """Any datetime as naive UTC for the store."""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
 
 
 _engines: dict[str, Engine] = {}

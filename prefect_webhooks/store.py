@@ -10,6 +10,7 @@ import threading
 from datetime import datetime, timezone
 from typing import Any
 
+from pydantic import NaiveDatetime
 from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary, event
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, SQLModel, create_engine
@@ -18,6 +19,8 @@ from prefect_webhooks.settings import get_settings
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
 BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+# Times are kept as naive UTC (NaiveDatetime columns): one representation on SQLite and PostgreSQL.
 
 # States of an outbox row.
 PENDING = "pending"
@@ -47,12 +50,12 @@ class OutboxMessage(SQLModel, table=True):
     state: str = Field(default=PENDING, max_length=16)
     reason: str | None = Field(default=None)
     attempts: int = Field(default=0)
-    created_at: datetime
-    first_attempt_at: datetime | None = None
-    next_attempt_at: datetime
+    created_at: NaiveDatetime
+    first_attempt_at: NaiveDatetime | None = None
+    next_attempt_at: NaiveDatetime
     lease_owner: str | None = Field(default=None, max_length=64)
-    lease_expires_at: datetime | None = None
-    delivered_at: datetime | None = None
+    lease_expires_at: NaiveDatetime | None = None
+    delivered_at: NaiveDatetime | None = None
     delivered_url: str | None = None
 
 
@@ -64,7 +67,7 @@ class DeliveryAttempt(SQLModel, table=True):
 
     id: int | None = Field(default=None, sa_column=Column(BIG_ID, primary_key=True, autoincrement=True))
     outbox_id: int = Field(sa_column=Column(BigInteger, nullable=False))
-    attempted_at: datetime
+    attempted_at: NaiveDatetime
     url: str
     status_code: int | None = None
     error: str | None = None
@@ -80,7 +83,7 @@ class SeenMessage(SQLModel, table=True):
 
     source: str = Field(primary_key=True, max_length=255)
     message_id: str = Field(primary_key=True, max_length=1024)
-    received_at: datetime
+    received_at: NaiveDatetime
 
 
 class Audience(SQLModel, table=True):
@@ -92,8 +95,8 @@ class Audience(SQLModel, table=True):
     name: str
     kind: str = Field(default="audience", max_length=32, description="audience or computed_trait.")
     sources: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    created_at: datetime
-    updated_at: datetime
+    created_at: NaiveDatetime
+    updated_at: NaiveDatetime
 
 
 class AudienceState(SQLModel, table=True):
@@ -118,8 +121,8 @@ class DeletionRequest(SQLModel, table=True):
     suppress: bool = False
     state: str = Field(default="requested", max_length=16)
     outcome: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
-    created_at: datetime
-    completed_at: datetime | None = None
+    created_at: NaiveDatetime
+    completed_at: NaiveDatetime | None = None
 
 
 class SuppressedUser(SQLModel, table=True):
@@ -129,7 +132,7 @@ class SuppressedUser(SQLModel, table=True):
 
     user_id: str = Field(primary_key=True, max_length=1024)
     source: str = Field(primary_key=True, max_length=255, description="Source name, or * for every source.")
-    created_at: datetime
+    created_at: NaiveDatetime
 
 
 def store_now() -> datetime:

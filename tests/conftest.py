@@ -34,6 +34,42 @@ def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     get_settings.cache_clear()
 
 
+def _fresh_postgres_database(server_url: str) -> str:
+    """A new empty database on the test PostgreSQL server; returns its URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh store on each backend in turn (SQLite file, then a new PostgreSQL database).
+
+    PostgreSQL comes from PREFECT_WEBHOOKS_TEST_POSTGRES_URL (``.ci/run`` starts one); in CI its absence is an error.
+    """
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
+        if not server:
+            if os.environ.get("CI"):
+                pytest.fail("PREFECT_WEBHOOKS_TEST_POSTGRES_URL is not set; .ci/run starts PostgreSQL")
+            pytest.skip("no PostgreSQL server (set PREFECT_WEBHOOKS_TEST_POSTGRES_URL; scripts/test-postgres)")
+        url = _fresh_postgres_database(server)
+    monkeypatch.setenv("PREFECT_WEBHOOKS_DATABASE_URL", url)
+    monkeypatch.setenv("PREFECT_WEBHOOKS_HOME", str(tmp_path))
+    get_settings.cache_clear()
+    get_engine(url)
+    yield url
+    dispose_engines()
+    get_settings.cache_clear()
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     """A real HTTP receiver on 127.0.0.1 answering 200."""

@@ -164,7 +164,7 @@ def parse_message(raw: Any) -> Message:
         raise MessageError("message", f"must be a JSON object, got {type(raw).__name__}")
     if "type" not in raw:
         raise MessageError("type", "type is required")
-    if raw["type"] not in MESSAGE_MODELS:
+    if not isinstance(raw["type"], str) or raw["type"] not in MESSAGE_MODELS:
         raise MessageError("type", f"type must be one of {', '.join(MESSAGE_TYPES)}, got {str(raw['type'])[:40]!r}")
     try:
         return _MESSAGE_ADAPTER.validate_python(raw, by_alias=True, by_name=True)

@@ -54,13 +54,14 @@ class WebhookEndpoint(BaseModel):
     @classmethod
     def _valid_headers(cls, value: SecretDict) -> SecretDict:
         for name, header_value in value.get_secret_value().items():
-            if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"invalid header name {name!r}")
             if name.lower() in RESERVED_HEADERS:
                 raise ValueError(f"header {name!r} is set by the delivery engine and cannot be configured")
             if not isinstance(header_value, str):
                 raise ValueError(f"header {name!r}: value must be a string")
-            if not _HEADER_VALUE.match(header_value):
+            # fullmatch: with match, `$` would let a trailing line break through.
+            if not _HEADER_VALUE.fullmatch(header_value):
                 # The value is a secret: say what is wrong without echoing it.
                 raise ValueError(f"header {name!r}: value contains a control character or line break")
         return value
@@ -122,6 +123,20 @@ class WebhookDestination(Block):
         if isinstance(value, list) and not 1 <= len(value) <= MAX_ENDPOINTS:
             raise ValueError(f"a destination has 1 to {MAX_ENDPOINTS} endpoints, got {len(value)}")
         return value
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The block schema, with the whole ``endpoints`` list declared secret.
+
+        Prefect's API masks secret fields by flattening nested dicts but never descends into lists, so the
+        ``endpoints.headers.*`` it derives would return header values in the clear. Masking the list keeps header
+        values (and URL tokens) out of API reads; ``load`` still returns everything.
+        """
+        schema = super().model_json_schema(*args, **kwargs)
+        secret_fields = schema.setdefault("secret_fields", [])
+        if "endpoints.*" not in secret_fields:
+            secret_fields.append("endpoints.*")
+        return schema
 
     def secret(self) -> str | None:
         """The shared secret in the clear, or None."""

@@ -7,14 +7,28 @@ inside a caller's transaction so a caller's own writes (dedupe keys, audience st
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import and_, bindparam, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.payloads import serialize
-from prefect_webhooks.store import PENDING, OutboxMessage, get_engine, store_now, to_store_time
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store import (
+    DELIVERED,
+    FAILED,
+    PENDING,
+    DeliveryAttempt,
+    OutboxMessage,
+    get_engine,
+    store_now,
+    to_store_time,
+)
+
+OUTBOX = OutboxMessage.__table__
+ATTEMPTS = DeliveryAttempt.__table__
 
 
 def payload_user(payload: dict[str, Any]) -> str | None:
@@ -79,3 +93,257 @@ def enqueue(
     engine = engine or get_engine()
     with engine.begin() as connection:
         return add_to_outbox(connection, outbox_rows(destination, payloads, source=source))
+
+
+@dataclass(slots=True)
+class Claimed:
+    """An outbox row leased by a delivery process: what it needs to send it and decide its fate."""
+
+    id: int
+    destination: str
+    body: bytes
+    attempts: int
+    first_attempt_at: datetime | None
+    next_attempt_at: datetime
+    reason: str | None = None
+
+
+_CLAIMED_COLUMNS = (
+    OUTBOX.c.id,
+    OUTBOX.c.destination,
+    OUTBOX.c.body,
+    OUTBOX.c.attempts,
+    OUTBOX.c.first_attempt_at,
+    OUTBOX.c.next_attempt_at,
+    OUTBOX.c.reason,
+)
+
+
+def _claimed(row: Any) -> Claimed:
+    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6])
+
+
+def claim_due_deliveries(
+    engine: Engine,
+    limit: int,
+    owner: str,
+    destination: str | None = None,
+    *,
+    lease_seconds: float | None = None,
+) -> list[Claimed]:
+    """Lease up to ``limit`` due pending rows for ``owner`` in one statement, oldest due first.
+
+    A row is due when it is pending, its ``next_attempt_at`` has come and no live lease holds it. A killed
+    process's rows come back once their lease expires, so delivery is at-least-once. PostgreSQL skips rows
+    another claimer has locked; SQLite serialises writers, so the single statement is already atomic.
+
+    Args:
+        engine: The store.
+        limit: Most rows to claim.
+        owner: The claimer's id, written to ``lease_owner``.
+        destination: Only rows for this destination block name; all destinations when None.
+        lease_seconds: Lease length; ``settings.lease_seconds`` by default.
+
+    Returns:
+        The claimed rows (any order).
+    """
+    now = store_now()
+    lease = lease_seconds if lease_seconds is not None else get_settings().lease_seconds
+    due = (
+        select(OUTBOX.c.id)
+        .where(
+            OUTBOX.c.state == PENDING,
+            OUTBOX.c.next_attempt_at <= now,
+            or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+        )
+        .order_by(OUTBOX.c.next_attempt_at)
+        .limit(limit)
+    )
+    if destination is not None:
+        due = due.where(OUTBOX.c.destination == destination)
+    if engine.dialect.name == "postgresql":
+        due = due.with_for_update(skip_locked=True)
+    statement = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(due.scalar_subquery()))
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease))
+        .returning(*_CLAIMED_COLUMNS)
+    )
+    with engine.begin() as connection:
+        return [_claimed(row) for row in connection.execute(statement)]
+
+
+def leased_rows(engine: Engine, ids: Sequence[int], owner: str) -> list[Claimed]:
+    """The rows among ``ids`` that are still pending and leased by ``owner`` (a task retry re-reads these)."""
+    if not ids:
+        return []
+    statement = select(*_CLAIMED_COLUMNS).where(
+        OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner
+    )
+    with engine.connect() as connection:
+        return [_claimed(row) for row in connection.execute(statement)]
+
+
+def extend_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetime) -> int:
+    """Push the lease of ``owner``'s pending rows among ``ids`` to ``until``; returns how many."""
+    if not ids:
+        return 0
+    statement = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
+        .values(lease_expires_at=until)
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+def release_leases(engine: Engine, ids: Sequence[int], owner: str) -> int:
+    """Give up ``owner``'s lease on pending rows among ``ids`` so any run may claim them when due."""
+    if not ids:
+        return 0
+    statement = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None)
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+# One executemany statement per kind of outcome; ``b_`` names keep bind parameters apart from columns.
+_MARK_DELIVERED = (
+    update(OUTBOX)
+    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
+    .values(
+        state=DELIVERED,
+        reason=None,
+        attempts=bindparam("b_attempts"),
+        first_attempt_at=bindparam("b_first_attempt_at"),
+        delivered_at=bindparam("b_at"),
+        delivered_url=bindparam("b_url"),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+)
+_MARK_FAILED = (
+    update(OUTBOX)
+    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
+    .values(
+        state=FAILED,
+        reason=bindparam("b_reason"),
+        attempts=bindparam("b_attempts"),
+        first_attempt_at=bindparam("b_first_attempt_at"),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+)
+_RESCHEDULE = (
+    update(OUTBOX)
+    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
+    .values(
+        reason=bindparam("b_reason"),
+        attempts=bindparam("b_attempts"),
+        first_attempt_at=bindparam("b_first_attempt_at"),
+        next_attempt_at=bindparam("b_next_attempt_at"),
+        lease_owner=bindparam("b_lease_owner"),
+        lease_expires_at=bindparam("b_lease_expires_at"),
+    )
+)
+
+
+def record_outcomes(
+    engine: Engine,
+    *,
+    delivered: Sequence[dict[str, Any]] = (),
+    failed: Sequence[dict[str, Any]] = (),
+    rescheduled: Sequence[dict[str, Any]] = (),
+    attempts: Sequence[dict[str, Any]] = (),
+) -> None:
+    """Write one batch's results in one transaction: bulk updates per outcome and the attempt log.
+
+    Args:
+        engine: The store.
+        delivered: ``{b_id, b_attempts, b_first_attempt_at, b_at, b_url}`` per delivered row.
+        failed: ``{b_id, b_attempts, b_first_attempt_at, b_reason}`` per row that failed for good.
+        rescheduled: ``{b_id, b_attempts, b_first_attempt_at, b_reason, b_next_attempt_at, b_lease_owner,
+            b_lease_expires_at}`` per row to try again.
+        attempts: ``delivery_attempts`` rows, one per request (or refusal to send one).
+    """
+    with engine.begin() as connection:
+        if attempts:
+            connection.execute(insert(ATTEMPTS), list(attempts))
+        for group in _same_values(delivered):
+            if len(group) == 1:
+                connection.execute(_MARK_DELIVERED, group)
+            else:
+                # One statement for rows that get the same values: far cheaper than executemany on a full batch.
+                values = {key.removeprefix("b_"): value for key, value in group[0].items() if key != "b_id"}
+                statement = (
+                    update(OUTBOX)
+                    .where(OUTBOX.c.id.in_([row["b_id"] for row in group]), OUTBOX.c.state == PENDING)
+                    .values(state=DELIVERED, reason=None, attempts=values["attempts"],
+                            first_attempt_at=values["first_attempt_at"], delivered_at=values["at"],
+                            delivered_url=values["url"], lease_owner=None, lease_expires_at=None)
+                )
+                connection.execute(statement)
+        if failed:
+            connection.execute(_MARK_FAILED, list(failed))
+        if rescheduled:
+            connection.execute(_RESCHEDULE, list(rescheduled))
+
+
+def _same_values(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows grouped by every value but ``b_id``, in first-seen order."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = tuple(sorted((name, value) for name, value in row.items() if name != "b_id"))
+        groups.setdefault(key, []).append(row)
+    return list(groups.values())
+
+
+def replay_failed(
+    destination: str,
+    *,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    reason_prefix: str | None = None,
+    engine: Engine | None = None,
+) -> int:
+    """Put ``failed`` rows of a destination back to pending, due now, with a fresh deadline.
+
+    The first attempt time and the attempt counter are reset, so the backoff starts again and the message gets
+    a full ``max_retry_age`` from its next attempt; the ``delivery_attempts`` log keeps the history.
+
+    Args:
+        destination: The destination block name.
+        created_after: Only rows created at or after this time.
+        created_before: Only rows created before this time.
+        reason_prefix: Only rows whose reason starts with this (e.g. ``"expired"`` or ``"permanent: HTTP 410"``).
+        engine: The store; the configured one by default.
+
+    Returns:
+        How many rows were put back.
+    """
+    engine = engine or get_engine()
+    conditions = [OUTBOX.c.destination == destination, OUTBOX.c.state == FAILED]
+    if created_after is not None:
+        conditions.append(OUTBOX.c.created_at >= to_store_time(created_after))
+    if created_before is not None:
+        conditions.append(OUTBOX.c.created_at < to_store_time(created_before))
+    if reason_prefix:
+        conditions.append(OUTBOX.c.reason.startswith(reason_prefix, autoescape=True))
+    statement = (
+        update(OUTBOX)
+        .where(and_(*conditions))
+        .values(
+            state=PENDING,
+            reason=None,
+            attempts=0,
+            first_attempt_at=None,
+            next_attempt_at=store_now(),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount

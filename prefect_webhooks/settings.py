@@ -39,6 +39,10 @@ class WebhooksSettings(BaseSettings):
     delivery_concurrency: int = Field(
         default=64, gt=0, description="Concurrent requests a delivery process keeps in flight."
     )
+    tls_ca_file: str = Field(
+        default="",
+        description="Extra CA bundle (PEM) trusted for https endpoints, besides the system's; empty means none.",
+    )
     block_cache_seconds: float = Field(
         default=10.0, ge=0, description="How long a loaded block is reused before it is read again."
     )
@@ -48,11 +52,36 @@ class WebhooksSettings(BaseSettings):
         default="",
         description="Ingest API base URL the Analytics client sends to; empty means http://ingest_host:ingest_port.",
     )
+    ingest_max_pending: int = Field(
+        default=50_000,
+        gt=0,
+        description="Messages waiting for the ingest writer above which the API answers 429 with Retry-After.",
+    )
+    unknown_key_refresh_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Least time between two source reloads triggered by an unknown write key.",
+    )
     dedupe_window_seconds: float = Field(
         default=24 * 3600.0, gt=0, description="How long a messageId is remembered per source."
     )
     block_private_networks: bool = Field(
         default=False, description="Refuse destination URLs on loopback or private networks (SSRF guard)."
+    )
+    deliver_interval_seconds: float = Field(
+        default=60.0, gt=0, description="Schedule interval of the served `deliver` deployment, in seconds."
+    )
+    deliver_run_seconds: float = Field(
+        default=55.0,
+        gt=0,
+        description="How long one scheduled `deliver` run keeps polling the outbox before it ends.",
+    )
+    deletions_interval_seconds: float = Field(
+        default=60.0, gt=0, description="Schedule interval of the served `deletions` deployment, in seconds."
+    )
+    audiences_file: str = Field(
+        default="",
+        description="YAML list of audience syncs to serve (name, cron, parameters); empty: `home`/audiences.yaml.",
     )
 
     def resolved_database_url(self) -> str:

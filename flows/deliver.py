@@ -1,0 +1,85 @@
+"""The ``deliver`` flow: claim due outbox messages in batches and deliver each batch in one task run.
+
+Run it once to drain what is due, or with ``run_for_seconds`` to keep delivering in near real time (it claims
+again every ``idle_sleep`` seconds while nothing is due). Each run publishes one table artifact per endpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import acreate_table_artifact
+from prefect.logging import get_run_logger
+
+from prefect_webhooks.delivery import DeliveryStats, deliver_due, delivery_task
+
+
+def artifact_key(destination: str, url: str) -> str:
+    """A stable artifact key per endpoint, so the UI shows each endpoint's history across runs."""
+    slug = re.sub(r"[^a-z0-9]+", "-", destination.lower()).strip("-")[:40] or "destination"
+    return f"delivery-{slug}-{hashlib.sha1(url.encode()).hexdigest()[:10]}"
+
+
+async def publish_endpoint_artifacts(stats: DeliveryStats) -> int:
+    """One table artifact per endpoint: delivered, retried and failed requests, p50/p95 latency."""
+    for endpoint in stats.endpoints.values():
+        row = endpoint.row()
+        await acreate_table_artifact(
+            table=[row],
+            key=artifact_key(endpoint.destination, endpoint.url),
+            description=(
+                f"Requests to {row['endpoint']} (destination {row['destination']!r}) in this run: 2xx delivered, "
+                "retryable failures (timeouts, connection errors, 5xx, 408, 429) retried, other outcomes failed; "
+                "latency in milliseconds."
+            ),
+        )
+    return len(stats.endpoints)
+
+
+@flow(name="deliver", log_prints=False)
+async def deliver(
+    destination: str | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    run_for_seconds: float | None = None,
+    until_empty: bool = False,
+    parallel_batches: int = 2,
+    idle_sleep: float = 0.2,
+) -> dict[str, Any]:
+    """Deliver due outbox messages.
+
+    Args:
+        destination: Only this WebhookDestination block's messages; all destinations when empty.
+        batch_size: Messages per claimed batch (one task run); the ``claim_batch_size`` setting by default.
+        max_batches: Stop after this many batches.
+        run_for_seconds: Keep delivering this long (continuous mode); by default stop when nothing is due.
+        until_empty: With ``run_for_seconds``, stop early once nothing is due.
+        parallel_batches: Batches delivered at once.
+        idle_sleep: Seconds between claims while nothing is due (continuous mode).
+
+    Returns:
+        Message counts: delivered, failed, rescheduled, batches.
+    """
+    stats = await deliver_due(
+        destination=destination,
+        batch_size=batch_size,
+        max_batches=max_batches,
+        run_for_seconds=run_for_seconds,
+        until_empty=until_empty,
+        parallel_batches=parallel_batches,
+        idle_sleep=idle_sleep,
+        run_batch=delivery_task(),
+    )
+    await publish_endpoint_artifacts(stats)
+    summary = stats.summary()
+    get_run_logger().info("deliver: %s", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    asyncio.run(deliver())

@@ -1,0 +1,52 @@
+"""The ``replay`` flow: put a destination's failed messages back into the outbox with a fresh deadline."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from prefect import flow
+from prefect.artifacts import acreate_table_artifact
+from prefect.logging import get_run_logger
+
+from prefect_webhooks.outbox import replay_failed
+
+
+@flow(name="replay")
+async def replay(
+    destination: str,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    reason_prefix: str | None = None,
+) -> int:
+    """Put failed messages of ``destination`` back to pending, due now.
+
+    Attempt counters and first-attempt times are reset, so each message gets a full ``max_retry_age`` again; the
+    attempt log keeps the earlier attempts.
+
+    Args:
+        destination: The WebhookDestination block name.
+        created_after: Only messages created at or after this time.
+        created_before: Only messages created before this time.
+        reason_prefix: Only messages whose failure reason starts with this, e.g. ``expired`` or ``permanent``.
+
+    Returns:
+        How many messages were put back.
+    """
+    count = replay_failed(
+        destination, created_after=created_after, created_before=created_before, reason_prefix=reason_prefix
+    )
+    await acreate_table_artifact(
+        table=[
+            {
+                "destination": destination,
+                "created_after": created_after.isoformat() if created_after else "",
+                "created_before": created_before.isoformat() if created_before else "",
+                "reason_prefix": reason_prefix or "",
+                "replayed": count,
+            }
+        ],
+        key="replay",
+        description=f"Failed messages of {destination!r} put back into the outbox.",
+    )
+    get_run_logger().info("replay: %d failed message(s) of %r are pending again", count, destination)
+    return count

@@ -1,0 +1,663 @@
+"""The delivery engine: claimed outbox rows → HTTP requests → outcomes → attempt records.
+
+One ``aiohttp`` session per delivering process carries every request (keep-alive, at most
+``delivery_concurrency`` in flight). A batch of claimed rows is one unit of work: ``process_batch`` sends every
+message to every URL of its destination, decides each message's fate with the retry policy and writes all of it
+back in one transaction. ``deliver_batch`` is the same as a Prefect task whose retries carry the short-term
+policy; ``deliver_due`` claims batch after batch and is what the ``deliver`` flow, the serve command and the
+benchmark run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+from sqlalchemy.engine import Engine
+
+from prefect_webhooks.destinations import DestinationCache, DestinationNotFound, ResolvedDestination
+from prefect_webhooks.events import emit_delivery_failed
+from prefect_webhooks.network import BlockedAddressError, delivery_connector
+from prefect_webhooks.outbox import (
+    Claimed,
+    claim_due_deliveries,
+    leased_rows,
+    record_outcomes,
+    release_leases,
+)
+from prefect_webhooks.retry import (
+    DELIVERED,
+    JITTER,
+    PERMANENT,
+    RETRY,
+    RETRY_AFTER_STATUSES,
+    RetryableDeliveryError,
+    classify_status,
+    deadline_of,
+    is_retryable_delivery_error,
+    next_attempt_at,
+    parse_retry_after,
+    task_retry_delays,
+)
+from prefect_webhooks.settings import WebhooksSettings, get_settings
+from prefect_webhooks.signing import SIGNATURE_HEADER, sign
+from prefect_webhooks.store import get_engine, store_now
+
+logger = logging.getLogger("prefect_webhooks.delivery")
+
+
+def display_url(url: str) -> str:
+    """A URL for logs, reasons and artifacts: scheme, host, port and path; the query (may hold tokens) dropped."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def tls_context(settings: WebhooksSettings | None = None) -> ssl.SSLContext:
+    """The client TLS context: system trust store (plus ``tls_ca_file``), certificates and host names verified."""
+    settings = settings or get_settings()
+    context = ssl.create_default_context()
+    if settings.tls_ca_file:
+        context.load_verify_locations(cafile=settings.tls_ca_file)
+    return context
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What one POST to one URL came to."""
+
+    url: str
+    attempted_at: datetime
+    outcome: str
+    status: int | None = None
+    error: str | None = None
+    latency_ms: float = 0.0
+    retry_after: str | None = None
+
+    def summary(self) -> str:
+        """The status or error, for a reason text."""
+        return f"HTTP {self.status}" if self.status is not None else (self.error or "unknown error")
+
+
+class Sender:
+    """The process's HTTP client: one aiohttp session, bounded concurrency, per-request timeout."""
+
+    def __init__(self, settings: WebhooksSettings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self._session: aiohttp.ClientSession | None = None
+        # Queueing for a slot must not eat into an endpoint's 5 s, so the timeout starts inside the slot.
+        self._slots = asyncio.Semaphore(self.settings.delivery_concurrency)
+
+    async def __aenter__(self) -> Sender:
+        connector = delivery_connector(
+            self.settings.block_private_networks,
+            limit=self.settings.delivery_concurrency, ssl=tls_context(self.settings), keepalive_timeout=30
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout),
+            # Keep the wire to what the destination spec lists (no cookies echoed back to other endpoints).
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
+        """POST ``body`` to ``url`` once and classify what happened (never raises for network outcomes)."""
+        assert self._session is not None, "use Sender as an async context manager"
+        async with self._slots:
+            attempted_at = store_now()
+            started = time.perf_counter()
+            try:
+                async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
+                    await response.read()
+                    status = response.status
+                    retry_after = response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None
+            except aiohttp.ClientConnectorCertificateError as exc:
+                # The handshake failed, so no HTTP request left this process; retrying cannot fix a certificate.
+                return RequestResult(url, attempted_at, PERMANENT, error=_certificate_error(url, exc),
+                                     latency_ms=_ms(started))
+            except TimeoutError:
+                error = f"timeout after {self.settings.request_timeout:g} s"
+                return RequestResult(url, attempted_at, RETRY, error=error, latency_ms=_ms(started))
+            except ValueError as exc:
+                # aiohttp refuses a malformed request (e.g. a header the block should have rejected); the message
+                # may quote a header value, so only the type is kept.
+                return RequestResult(url, attempted_at, PERMANENT, error=f"invalid request: {type(exc).__name__}",
+                                     latency_ms=_ms(started))
+            except aiohttp.ClientConnectorError as exc:
+                if isinstance(exc.os_error, BlockedAddressError):
+                    # The SSRF guard refused the address before connecting; retrying would be refused again.
+                    return RequestResult(url, attempted_at, PERMANENT, error=str(exc.os_error), latency_ms=_ms(started))
+                return RequestResult(url, attempted_at, RETRY, error=f"connection error: {_describe(exc)}",
+                                     latency_ms=_ms(started))
+            except (aiohttp.ClientError, OSError) as exc:
+                return RequestResult(url, attempted_at, RETRY, error=f"connection error: {_describe(exc)}",
+                                     latency_ms=_ms(started))
+        return RequestResult(url, attempted_at, classify_status(status), status=status, latency_ms=_ms(started),
+                             retry_after=retry_after)
+
+    async def send(self, destination: ResolvedDestination, body: bytes) -> list[RequestResult]:
+        """Send one message to every URL of its destination at once (fan-out)."""
+        headers_extra = {SIGNATURE_HEADER: sign(body, destination.secret)} if destination.secret else None
+        requests = []
+        for endpoint in destination.endpoints:
+            headers = {**endpoint.headers, **headers_extra} if headers_extra else endpoint.headers
+            requests.append(self.post(endpoint.url, body, headers))
+        if len(requests) == 1:
+            return [await requests[0]]
+        return list(await asyncio.gather(*requests))
+
+    async def send_all(self, items: Sequence[tuple[ResolvedDestination, bytes]]) -> list[list[RequestResult]]:
+        """Send many messages; results in the same order.
+
+        A fixed set of workers pulls from the list instead of one task per message: 500 waiting tasks cost the
+        event loop more than the requests themselves.
+        """
+        results: list[list[RequestResult]] = [[] for _ in items]
+        pending = iter(range(len(items)))
+
+        async def worker() -> None:
+            for index in pending:
+                destination, body = items[index]
+                results[index] = await self.send(destination, body)
+
+        workers = min(self.settings.delivery_concurrency, len(items))
+        if workers:
+            await asyncio.gather(*(worker() for _ in range(workers)))
+        return results
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000.0, 3)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+def _certificate_error(url: str, exc: aiohttp.ClientConnectorCertificateError) -> str:
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    certificate_error = exc.certificate_error
+    detail = getattr(certificate_error, "verify_message", None) or str(certificate_error)
+    return f"TLS certificate verification failed for {origin}: {detail}"
+
+
+@dataclass
+class EndpointStats:
+    """Per-URL request counts and latencies of one delivering run."""
+
+    destination: str
+    url: str
+    delivered: int = 0
+    retried: int = 0
+    failed: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        """One table-artifact row."""
+        latencies = sorted(self.latencies_ms)
+        return {
+            "destination": self.destination,
+            "endpoint": display_url(self.url),
+            "delivered": self.delivered,
+            "retried": self.retried,
+            "failed": self.failed,
+            "p50_ms": round(_percentile(latencies, 0.50), 1),
+            "p95_ms": round(_percentile(latencies, 0.95), 1),
+        }
+
+
+def _percentile(ordered: Sequence[float], fraction: float) -> float:
+    if not ordered:
+        return 0.0
+    if len(ordered) == 1:
+        return ordered[0]
+    return statistics.quantiles(ordered, n=100, method="inclusive")[round(fraction * 100) - 1]
+
+
+@dataclass
+class DeliveryStats:
+    """What a delivering run did: messages by outcome and requests per endpoint."""
+
+    delivered: int = 0
+    failed: int = 0
+    rescheduled: int = 0
+    batches: int = 0
+    endpoints: dict[tuple[str, str], EndpointStats] = field(default_factory=dict)
+
+    def add_requests(self, destination: str, results: Sequence[RequestResult]) -> None:
+        """Count requests (2xx → delivered, retryable → retried, permanent → failed) and their latencies."""
+        for result in results:
+            stats = self.endpoints.get((destination, result.url))
+            if stats is None:
+                stats = self.endpoints[(destination, result.url)] = EndpointStats(destination, result.url)
+            if result.outcome == DELIVERED:
+                stats.delivered += 1
+            elif result.outcome == RETRY:
+                stats.retried += 1
+            else:
+                stats.failed += 1
+            stats.latencies_ms.append(result.latency_ms)
+
+    def summary(self) -> dict[str, int]:
+        """Message counts for logs and flow results."""
+        return {"delivered": self.delivered, "failed": self.failed, "rescheduled": self.rescheduled,
+                "batches": self.batches}
+
+
+class ClaimedBatch:
+    """Rows claimed together; a plain object so Prefect passes it to the task without walking 500 bodies."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[Claimed]) -> None:
+        self.rows = rows
+
+    @property
+    def ids(self) -> list[int]:
+        """The outbox ids of the batch."""
+        return [row.id for row in self.rows]
+
+    def __repr__(self) -> str:
+        return f"ClaimedBatch({len(self.rows)} messages)"
+
+
+class DeliveryContext:
+    """Everything batches of one delivering process share."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sender: Sender,
+        *,
+        owner: str | None = None,
+        destinations: DestinationCache | None = None,
+        settings: WebhooksSettings | None = None,
+    ) -> None:
+        self.engine = engine
+        self.sender = sender
+        self.owner = owner or new_owner()
+        self.destinations = destinations or DestinationCache()
+        self.settings = settings or get_settings()
+        self.stats = DeliveryStats()
+
+    def __repr__(self) -> str:
+        return f"DeliveryContext(owner={self.owner!r})"
+
+
+def new_owner() -> str:
+    """A lease owner id unique to this process and run."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class BatchResult:
+    """What one try of a batch did."""
+
+    delivered: int = 0
+    failed: int = 0
+    rescheduled: int = 0
+    held: list[int] = field(default_factory=list)
+    """Rows kept leased for an in-process retry."""
+
+
+class BatchWrites:
+    """The bulk writes one batch try produces, gathered message by message (see ``record_outcomes``)."""
+
+    def __init__(self) -> None:
+        self.delivered: list[dict[str, Any]] = []
+        self.failed: list[dict[str, Any]] = []
+        self.rescheduled: list[dict[str, Any]] = []
+        self.attempts: list[dict[str, Any]] = []
+        self.failures: list[tuple[Claimed, str, int]] = []
+        self.held: list[int] = []
+
+    def fail(self, row: Claimed, reason: str, attempts: int, first_attempt_at: datetime | None) -> None:
+        """Mark ``row`` failed for good (an event is emitted once the batch is recorded)."""
+        self.failed.append({"b_id": row.id, "b_reason": reason, "b_attempts": attempts,
+                            "b_first_attempt_at": first_attempt_at})
+        self.failures.append((row, reason, attempts))
+
+
+def _reason(results: Sequence[RequestResult], outcome: str) -> str:
+    relevant = [result for result in results if result.outcome == outcome] or list(results)
+    if len(relevant) == 1:
+        return relevant[0].summary()
+    return "; ".join(f"{display_url(result.url)}: {result.summary()}" for result in relevant)
+
+
+def _latest_retry_after(results: Sequence[RequestResult], now: datetime) -> datetime | None:
+    times = [parse_retry_after(result.retry_after, now) for result in results if result.retry_after]
+    times = [value for value in times if value is not None]
+    return max(times) if times else None
+
+
+def decide(
+    row: Claimed,
+    results: Sequence[RequestResult],
+    writes: BatchWrites,
+    *,
+    now: datetime,
+    hold_until: datetime | None,
+    owner: str,
+    settings: WebhooksSettings,
+    sent_at: datetime | None = None,
+) -> str:
+    """Turn one message's request results into its new state (added to ``writes``); returns the outcome.
+
+    Any 2xx delivers it; otherwise any retryable result reschedules it (held under this process's lease when an
+    in-process retry follows, else due at the backoff time, never after the deadline); otherwise it failed for good.
+    """
+    attempts = row.attempts + 1
+    # A first attempt counts from when its batch began sending (shared by the batch, so updates group well).
+    first_attempt_at = row.first_attempt_at or sent_at or min(result.attempted_at for result in results)
+    for result in results:
+        writes.attempts.append({"outbox_id": row.id, "attempted_at": result.attempted_at, "url": result.url,
+                                "status_code": result.status, "error": result.error,
+                                "latency_ms": result.latency_ms, "outcome": result.outcome})
+    winner = next((result for result in results if result.outcome == DELIVERED), None)
+    if winner is not None:
+        writes.delivered.append({"b_id": row.id, "b_attempts": attempts, "b_first_attempt_at": first_attempt_at,
+                                 "b_at": now, "b_url": winner.url})
+        return DELIVERED
+    if not any(result.outcome == RETRY for result in results):
+        writes.fail(row, f"permanent: {_reason(results, PERMANENT)}", attempts, first_attempt_at)
+        return PERMANENT
+    reason = _reason(results, RETRY)
+    retry_after = _latest_retry_after(results, now)
+    deadline = deadline_of(first_attempt_at, settings)
+    if hold_until is not None and now < deadline and (retry_after is None or retry_after <= deadline):
+        # The task retry waits the backoff; the lease keeps other runs away meanwhile.
+        when, lease_owner, lease_expires_at = max(now, retry_after or now), owner, hold_until
+        writes.held.append(row.id)
+    else:
+        when = next_attempt_at(now, attempts, first_attempt_at, retry_after, settings)
+        lease_owner, lease_expires_at = None, None
+    if when is None:
+        writes.fail(row, f"expired: {reason} (after {attempts} attempts)", attempts, first_attempt_at)
+        return PERMANENT
+    writes.rescheduled.append({"b_id": row.id, "b_attempts": attempts, "b_first_attempt_at": first_attempt_at,
+                               "b_reason": reason, "b_next_attempt_at": when, "b_lease_owner": lease_owner,
+                               "b_lease_expires_at": lease_expires_at})
+    return RETRY
+
+
+async def _resolve_all(
+    rows: Sequence[Claimed], context: DeliveryContext, writes: BatchWrites
+) -> tuple[list[tuple[Claimed, ResolvedDestination]], list[Claimed]]:
+    """Pair rows with their destinations; unknown destinations fail, unreachable block storage defers."""
+    resolved: dict[str, ResolvedDestination | None] = {}
+    unavailable: dict[str, str] = {}
+    for name in {row.destination for row in rows}:
+        try:
+            resolved[name] = await context.destinations.get(name)
+        except DestinationNotFound:
+            resolved[name] = None
+        except Exception as exc:
+            # Prefect API briefly unreachable: try these rows again later, not a reason to fail them.
+            unavailable[name] = f"destination block {name!r} could not be loaded: {type(exc).__name__}"
+            logger.warning("%s", unavailable[name])
+    ready, deferred = [], []
+    for row in rows:
+        if row.destination in unavailable:
+            deferred.append(row)
+            continue
+        destination = resolved[row.destination]
+        if destination is None:
+            writes.fail(row, f"permanent: destination block {row.destination!r} not found", row.attempts,
+                        row.first_attempt_at)
+        else:
+            ready.append((row, destination))
+    return ready, deferred
+
+
+def _log_timeouts(results_by_row: Sequence[Sequence[RequestResult]], log: Any) -> None:
+    timeouts: dict[str, int] = {}
+    for results in results_by_row:
+        for result in results:
+            if result.error and result.error.startswith("timeout"):
+                timeouts[result.url] = timeouts.get(result.url, 0) + 1
+    for url, count in timeouts.items():
+        log.error("%d request(s) to %s timed out; they will be retried", count, display_url(url))
+
+
+async def process_batch(
+    batch: ClaimedBatch,
+    context: DeliveryContext,
+    *,
+    first_try: bool = True,
+    hold_seconds: float | None = None,
+    log: Any = None,
+) -> BatchResult:
+    """Deliver one claimed batch once: send, decide, record, emit events for messages that failed for good.
+
+    Args:
+        batch: Rows this process claimed.
+        context: The process's sender, store and destination cache.
+        first_try: False on a task retry: the rows are read again and only those still pending, still leased by
+            this process and due are sent (the others are released to the outbox).
+        hold_seconds: When an in-process retry follows after about this many seconds, retryable rows stay leased
+            for it; None means retryable rows go back to the outbox at their backoff time.
+        log: Logger to use (the task run's); the module logger by default.
+
+    Returns:
+        Counts, and the ids held for the in-process retry.
+    """
+    log = log or logger
+    settings, engine = context.settings, context.engine
+    rows = batch.rows
+    if not first_try:
+        rows = await asyncio.to_thread(leased_rows, engine, batch.ids, context.owner)
+    now = store_now()
+    writes = BatchWrites()
+    due = []
+    for row in rows:
+        if row.next_attempt_at > now:
+            continue
+        if row.first_attempt_at is not None and now >= deadline_of(row.first_attempt_at, settings):
+            writes.fail(row, f"expired: {row.reason or 'not delivered'} (after {row.attempts} attempts)",
+                        row.attempts, row.first_attempt_at)
+        else:
+            due.append(row)
+    not_due = [row.id for row in rows if row.next_attempt_at > now]
+    if not_due:
+        # A Retry-After longer than the task's wait: the outbox delivers these when they are due.
+        await asyncio.to_thread(release_leases, engine, not_due, context.owner)
+
+    ready, deferred = await _resolve_all(due, context, writes)
+    results_by_row = await context.sender.send_all([(destination, row.body) for row, destination in ready])
+    finished = store_now()
+    hold_until = None
+    if hold_seconds is not None:
+        hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.lease_seconds)
+    for (row, destination), results in zip(ready, results_by_row, strict=True):
+        decide(row, results, writes, now=finished, hold_until=hold_until, owner=context.owner, settings=settings,
+               sent_at=now)
+        context.stats.add_requests(destination.name, results)
+    for row in deferred:
+        writes.rescheduled.append({"b_id": row.id, "b_attempts": row.attempts,
+                                   "b_first_attempt_at": row.first_attempt_at, "b_reason": row.reason,
+                                   "b_next_attempt_at": finished + timedelta(seconds=settings.retry_base_delay),
+                                   "b_lease_owner": None, "b_lease_expires_at": None})
+    await asyncio.to_thread(record_outcomes, engine, delivered=writes.delivered, failed=writes.failed,
+                            rescheduled=writes.rescheduled, attempts=writes.attempts)
+    _log_timeouts(results_by_row, log)
+    for row, reason, attempts in writes.failures:
+        emit_delivery_failed(row.id, row.destination, reason, attempts)
+    result = BatchResult(delivered=len(writes.delivered), failed=len(writes.failed),
+                         rescheduled=len(writes.rescheduled) - len(writes.held), held=writes.held)
+    stats = context.stats
+    stats.delivered += result.delivered
+    stats.failed += result.failed
+    stats.rescheduled += result.rescheduled
+    return result
+
+
+def _task_retry_plan() -> tuple[bool, float | None]:
+    """(first try?, seconds until the next task try or None on the final try) from the running task's context."""
+    task_context = TaskRunContext.get()
+    if task_context is None:
+        return True, None
+    run_count = max(task_context.task_run.run_count, 1)
+    task_obj = task_context.task
+    delays = task_obj.retry_delay_seconds
+    if run_count > task_obj.retries:
+        return run_count == 1, None
+    if isinstance(delays, (int, float)):
+        delay = float(delays)
+    elif isinstance(delays, list) and delays:
+        delay = float(delays[min(run_count - 1, len(delays) - 1)])
+    else:
+        delay = 0.0
+    return run_count == 1, delay
+
+
+@task(
+    name="deliver_batch",
+    cache_policy=NO_CACHE,
+    retry_condition_fn=is_retryable_delivery_error,
+    retry_jitter_factor=JITTER,
+    persist_result=False,
+)
+async def deliver_batch(batch: ClaimedBatch, context: DeliveryContext) -> dict[str, int]:
+    """Deliver one claimed batch; raise ``RetryableDeliveryError`` so Prefect retries what is left.
+
+    The task's ``retries``/``retry_delay_seconds`` come from settings (see ``delivery_task``); Prefect's jitter
+    (factor 0.2) draws each wait from about 0.36x to 1.2x of it. On a retry only the rows still pending, leased by
+    this process and due are sent. On the final try the task returns normally and
+    whatever is left waits in the outbox for a later run, with the same deadline.
+    """
+    from prefect.logging import get_run_logger
+
+    first_try, next_delay = _task_retry_plan()
+    result = await process_batch(batch, context, first_try=first_try, hold_seconds=next_delay,
+                                 log=get_run_logger())
+    if result.held:
+        # ``decide`` already extended the held rows' lease past the task's wait.
+        raise RetryableDeliveryError(f"{len(result.held)} message(s) will be retried in about {next_delay:g} s")
+    return {"delivered": result.delivered, "failed": result.failed, "rescheduled": result.rescheduled}
+
+
+def delivery_task(settings: WebhooksSettings | None = None) -> Any:
+    """``deliver_batch`` with retries and delays from settings (read at call time, so tests can shrink them)."""
+    settings = settings or get_settings()
+    return deliver_batch.with_options(retries=settings.task_retries, retry_delay_seconds=task_retry_delays(settings))
+
+
+BatchRunner = Callable[[ClaimedBatch, DeliveryContext], Awaitable[Any]]
+
+
+async def run_batch_plain(batch: ClaimedBatch, context: DeliveryContext) -> BatchResult:
+    """Run a batch without Prefect: one try; retryable rows wait in the outbox for their backoff time."""
+    return await process_batch(batch, context)
+
+
+async def deliver_due(
+    *,
+    destination: str | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    run_for_seconds: float | None = None,
+    until_empty: bool = False,
+    parallel_batches: int = 2,
+    idle_sleep: float = 0.2,
+    run_batch: BatchRunner | None = None,
+    engine: Engine | None = None,
+    context: DeliveryContext | None = None,
+) -> DeliveryStats:
+    """Claim due messages batch after batch and deliver them until nothing is due (or for a while).
+
+    Args:
+        destination: Only this destination block's messages; all when None.
+        batch_size: Messages per claim; ``settings.claim_batch_size`` by default.
+        max_batches: Stop after claiming this many batches.
+        run_for_seconds: Keep going this long, sleeping ``idle_sleep`` when nothing is due (continuous mode);
+            None means stop as soon as nothing is due and no batch is in flight.
+        until_empty: In continuous mode, stop early once nothing is due and no batch is in flight.
+        parallel_batches: Batches in flight at once (they share one HTTP session and its concurrency limit).
+        idle_sleep: Seconds between claims while nothing is due, in continuous mode.
+        run_batch: How a batch is run: the Prefect task (``delivery_task()``) or ``run_batch_plain`` (default).
+        engine: The store; the configured one by default.
+        context: A prepared context (its sender must be open); one is made for the call by default.
+
+    Returns:
+        What the run did, with per-endpoint request stats.
+    """
+    if context is None:
+        settings = get_settings()
+        async with Sender(settings) as sender:
+            own = DeliveryContext(engine or get_engine(), sender, settings=settings)
+            return await _claim_loop(own, destination, batch_size, max_batches, run_for_seconds, until_empty,
+                                     parallel_batches, idle_sleep, run_batch or run_batch_plain)
+    return await _claim_loop(context, destination, batch_size, max_batches, run_for_seconds, until_empty,
+                             parallel_batches, idle_sleep, run_batch or run_batch_plain)
+
+
+async def _claim_loop(
+    context: DeliveryContext,
+    destination: str | None,
+    batch_size: int | None,
+    max_batches: int | None,
+    run_for_seconds: float | None,
+    until_empty: bool,
+    parallel_batches: int,
+    idle_sleep: float,
+    run_batch: BatchRunner,
+) -> DeliveryStats:
+    size = batch_size or context.settings.claim_batch_size
+    stop_at = time.monotonic() + run_for_seconds if run_for_seconds is not None else None
+    in_flight: set[asyncio.Task[Any]] = set()
+    claimed_batches = 0
+    exhausted = False
+    while True:
+        out_of_time = stop_at is not None and time.monotonic() >= stop_at
+        out_of_batches = max_batches is not None and claimed_batches >= max_batches
+        exhausted = False
+        while not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1):
+            rows = await asyncio.to_thread(claim_due_deliveries, context.engine, size, context.owner, destination)
+            if not rows:
+                exhausted = True
+                break
+            claimed_batches += 1
+            context.stats.batches += 1
+            in_flight.add(asyncio.ensure_future(run_batch(ClaimedBatch(rows), context)))
+            out_of_batches = max_batches is not None and claimed_batches >= max_batches
+        if not in_flight:
+            if out_of_time or out_of_batches or (exhausted and (stop_at is None or until_empty)):
+                break
+            await asyncio.sleep(idle_sleep)
+            continue
+        done, in_flight = await asyncio.wait(in_flight, timeout=idle_sleep if exhausted else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+        for finished in done:
+            _log_batch_failure(finished)
+    return context.stats
+
+
+def _log_batch_failure(finished: asyncio.Task[Any]) -> None:
+    exc = finished.exception()
+    if exc is not None and not isinstance(exc, RetryableDeliveryError):
+        # The batch's rows stay leased and come back when the lease expires; nothing is lost.
+        logger.error("delivery batch failed: %s: %s", type(exc).__name__, exc)

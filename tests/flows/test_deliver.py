@@ -1,0 +1,285 @@
+"""The ``deliver`` flow on a real Prefect test server, with real receivers and saved blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.sorting import TaskRunSort
+from prefect.events.clients import AssertingEventsClient
+from prefect.events.worker import EventsWorker
+from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a pytest fixture)
+from sqlalchemy import select
+
+from flows.deliver import deliver
+from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine
+from tests.receivers import Receiver
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.fixture
+def settings_env(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Fast retries, no block cache: everything in a flow run happens within a second or two."""
+    for name, value in {"RETRY_BASE_DELAY": "0.2", "RETRY_MAX_DELAY": "0.4", "TASK_RETRIES": "2",
+                        "REQUEST_TIMEOUT": "1", "BLOCK_CACHE_SECONDS": "0"}.items():
+        monkeypatch.setenv(f"PREFECT_WEBHOOKS_{name}", value)
+    get_settings.cache_clear()
+    yield monkeypatch
+    get_settings.cache_clear()
+
+
+def block_name() -> str:
+    return f"dest-{uuid.uuid4().hex[:10]}"
+
+
+def track(n: int = 1) -> dict[str, Any]:
+    return {"version": 1, "type": "track", "userId": f"u{n}", "timestamp": "2026-01-01T00:00:00.000Z",
+            "event": "E", "properties": {"n": n}}
+
+
+def outbox() -> list[Any]:
+    with get_engine().connect() as connection:
+        return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
+
+
+async def task_runs_of(flow_run_id: uuid.UUID, expected: int) -> list[Any]:
+    """Task runs are recorded through events; wait until the server has them."""
+    async with get_client() as client:
+        for _ in range(100):
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), limit=100,
+                sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+            if len(runs) >= expected and all(run.state and run.state.is_final() for run in runs):
+                return runs
+            await asyncio.sleep(0.1)
+    return runs
+
+
+async def artifacts_of(flow_run_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The flow run's artifacts, read over the API (``read_artifacts`` of this client version sends nulls)."""
+    async with get_client() as client:
+        response = await client.request(
+            "POST", "/artifacts/filter",
+            json={"artifacts": {"flow_run_id": {"any_": [str(flow_run_id)]}}, "limit": 100, "offset": 0,
+                  "sort": "CREATED_DESC"})
+    return response.json()
+
+
+async def test_deliver_flow_delivers_and_publishes_one_artifact_per_endpoint(settings_env: Any) -> None:
+    name = block_name()
+    with Receiver() as first, Receiver() as second:
+        await WebhookDestination(endpoints=[{"url": first.url, "headers": {"X-Key": "v4lue-secret"}},
+                                            {"url": second.url}], shared_secret="s").save(name)
+        enqueue(name, [track(n) for n in range(25)])
+        state = await deliver(batch_size=10, return_state=True)
+        summary = await state.result()
+    assert summary == {"delivered": 25, "failed": 0, "rescheduled": 0, "batches": 3}
+    assert len(first.requests) == 25 and len(second.requests) == 25
+    assert all(request.headers["X-Key"] == "v4lue-secret" for request in first.requests)
+    assert all(row.state == DELIVERED for row in outbox())
+    flow_run_id = state.state_details.flow_run_id
+    artifacts = await artifacts_of(flow_run_id)
+    tables = [orjson.loads(artifact["data"]) for artifact in artifacts if artifact["type"] == "table"]
+    rows = sorted((table[0] for table in tables), key=lambda row: row["endpoint"])
+    assert [row["endpoint"] for row in rows] == sorted([first.url, second.url])
+    assert len({artifact["key"] for artifact in artifacts}) == 2
+    assert all(artifact["key"].startswith(f"delivery-{name}-") for artifact in artifacts)
+    for row in rows:
+        assert (row["destination"], row["delivered"], row["retried"], row["failed"]) == (name, 25, 0, 0)
+        assert 0 < row["p50_ms"] <= row["p95_ms"]
+    assert not any("v4lue-secret" in artifact["data"] for artifact in artifacts)
+    # One task run per batch, not per message.
+    assert len(await task_runs_of(flow_run_id, 3)) == 3
+
+
+async def test_prefect_task_retries_redeliver_within_the_run(settings_env: Any) -> None:
+    name = block_name()
+    with Receiver(script=[500, 503]) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        enqueue(name, [track()])
+        state = await deliver(return_state=True)
+        summary = await state.result()
+        assert len(receiver.requests) == 3
+    assert summary["delivered"] == 1
+    (row,) = outbox()
+    assert row.state == DELIVERED and row.attempts == 3
+    runs = await task_runs_of(state.state_details.flow_run_id, 1)
+    assert [(run.name.split("-")[0], run.run_count, run.state.type.value) for run in runs] == [
+        ("deliver_batch", 3, "COMPLETED")]
+    # The wait between tries follows the backoff (0.2 s then 0.4 s); Prefect's jitter (factor 0.2) draws from
+    # about 0.36x to 1.2x of each.
+    gaps = [b.at - a.at for a, b in zip(receiver.requests, receiver.requests[1:], strict=False)]
+    assert gaps[0] >= 0.07 and gaps[1] >= 0.14
+
+
+async def test_rows_waiting_for_a_task_retry_stay_leased(settings_env: Any) -> None:
+    settings_env.setenv("PREFECT_WEBHOOKS_TASK_RETRIES", "1")
+    settings_env.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "1.5")
+    get_settings.cache_clear()
+    name = block_name()
+    with Receiver(script=[500]) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        enqueue(name, [track()])
+        running = asyncio.create_task(deliver())
+        await asyncio.to_thread(receiver.wait_for, 1, 20)
+        await asyncio.sleep(0.3)
+        # Due by its own next_attempt_at, but held by the waiting task: another run cannot take it.
+        assert await asyncio.to_thread(claim_due_deliveries, get_engine(), 10, "another-run") == []
+        (row,) = outbox()
+        assert row.state == PENDING and row.lease_owner is not None
+        summary = await running
+        assert len(receiver.requests) == 2
+    assert summary["delivered"] == 1
+
+
+async def test_after_the_final_task_try_the_outbox_keeps_the_message(settings_env: Any) -> None:
+    settings_env.setenv("PREFECT_WEBHOOKS_TASK_RETRIES", "1")
+    settings_env.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.1")
+    settings_env.setenv("PREFECT_WEBHOOKS_RETRY_MAX_DELAY", "5")
+    get_settings.cache_clear()
+    name = block_name()
+    with Receiver(default=500) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        enqueue(name, [track()])
+        summary = await deliver()
+        assert len(receiver.requests) == 2
+    assert summary["rescheduled"] == 1
+    (row,) = outbox()
+    assert (row.state, row.attempts, row.lease_owner) == (PENDING, 2, None)
+    assert row.next_attempt_at > row.first_attempt_at
+
+
+async def test_a_long_retry_after_is_left_to_the_outbox(settings_env: Any) -> None:
+    name = block_name()
+    with Receiver(script=[{"status": 503, "headers": {"Retry-After": "30"}}]) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        enqueue(name, [track()])
+        await deliver()
+        assert len(receiver.requests) == 1
+    (row,) = outbox()
+    assert row.state == PENDING and row.lease_owner is None
+    assert (row.next_attempt_at - row.first_attempt_at).total_seconds() >= 29.9
+
+
+async def test_an_edited_block_is_used_by_later_batches(settings_env: Any) -> None:
+    name = block_name()
+    with Receiver() as old, Receiver() as new:
+        await WebhookDestination(endpoints=[{"url": old.url}], shared_secret="one").save(name)
+        enqueue(name, [track(1)])
+        await deliver()
+        await WebhookDestination(endpoints=[{"url": new.url}], shared_secret="two").save(name, overwrite=True)
+        enqueue(name, [track(2)])
+        await deliver()
+    (first,) = old.requests
+    (second,) = new.requests
+    assert first.headers["X-Signature"] == hmac.new(b"one", first.body, hashlib.sha1).hexdigest()
+    assert second.headers["X-Signature"] == hmac.new(b"two", second.body, hashlib.sha1).hexdigest()
+    assert orjson.loads(second.body)["userId"] == "u2"
+
+
+async def test_failed_for_good_emits_an_event_and_a_missing_block_fails(
+    settings_env: Any, asserting_events_worker: EventsWorker  # noqa: F811
+) -> None:
+    name = block_name()
+    with Receiver(default=410) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url, "headers": {"Authorization": "t0ps3cret"}}],
+                                 shared_secret="k3y").save(name)
+        enqueue(name, [track(1)])
+        enqueue("no-such-block", [track(2)])
+        summary = await deliver()
+    assert summary["failed"] == 2
+    gone, missing = outbox()
+    assert (gone.state, gone.reason) == (FAILED, "permanent: HTTP 410")
+    assert (missing.state, missing.reason) == (FAILED, "permanent: destination block 'no-such-block' not found")
+    await asyncio.to_thread(asserting_events_worker.drain)
+    events = [event for event in AssertingEventsClient.last.events
+              if event.event == "prefect-webhooks.delivery.failed"]
+    by_resource = {event.resource.id: event for event in events}
+    assert set(by_resource) == {f"prefect-webhooks.outbox.{gone.id}", f"prefect-webhooks.outbox.{missing.id}"}
+    payload = by_resource[f"prefect-webhooks.outbox.{gone.id}"].payload
+    assert payload == {"outbox_id": gone.id, "destination": name, "reason": "permanent: HTTP 410", "attempts": 1}
+    dumped = str([event.model_dump() for event in events])
+    assert "t0ps3cret" not in dumped and "k3y" not in dumped and '"event":"E"' not in dumped
+
+
+async def test_continuous_mode_keeps_delivering(settings_env: Any) -> None:
+    name = block_name()
+    with Receiver() as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        running = asyncio.create_task(deliver(destination=name, run_for_seconds=3, idle_sleep=0.05))
+        for n in range(3):
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(enqueue, name, [track(n)])
+            await asyncio.to_thread(receiver.wait_for, n + 1, 5)
+        summary = await running
+    assert summary["delivered"] == 3
+
+
+DELIVER_SCRIPT = """
+import asyncio, sys
+from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
+from prefect_webhooks.store import get_engine
+
+async def main() -> None:
+    async with Sender() as sender:
+        context = DeliveryContext(get_engine(), sender)
+        context.destinations.remember("crm", WebhookDestination(endpoints=[{"url": sys.argv[1]}]))
+        stats = await deliver_due(context=context, batch_size=50)
+        print("delivered", stats.delivered, flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_delivery_process_loses_nothing(store_url: str, tmp_path: Path) -> None:
+    enqueue("crm", [track(n) for n in range(200)])
+    env = {**os.environ, "PREFECT_WEBHOOKS_DATABASE_URL": store_url, "PREFECT_WEBHOOKS_LEASE_SECONDS": "3",
+           "PYTHONPATH": str(Path(__file__).parents[2])}
+    script = tmp_path / "deliver_once.py"
+    script.write_text(DELIVER_SCRIPT)
+    with Receiver(default={"status": 200, "delay": 0.05}) as receiver:
+        process = subprocess.Popen([sys.executable, str(script), receiver.url], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        receiver.wait_for(60, timeout=60)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        killed_at = time.monotonic()
+        before = {row.state for row in outbox()}
+        assert PENDING in before, "the kill came too late to test anything"
+        leased = [row for row in outbox() if row.lease_owner is not None and row.state == PENDING]
+        assert leased, "rows the dead process had claimed still carry its lease"
+        restarted = subprocess.run([sys.executable, str(script), receiver.url], env=env, capture_output=True,
+                                   text=True, timeout=120)
+        assert restarted.returncode == 0, restarted.stderr[-2000:]
+        # What the dead process held comes back only when the lease has expired: run again until it has.
+        while any(row.state == PENDING for row in outbox()) and time.monotonic() - killed_at < 30:
+            time.sleep(0.5)
+            subprocess.run([sys.executable, str(script), receiver.url], env=env, capture_output=True, timeout=120)
+    rows = outbox()
+    assert all(row.state == DELIVERED for row in rows)
+    received = [orjson.loads(request.body)["userId"] for request in receiver.requests]
+    assert set(received) == {f"u{n}" for n in range(200)}
+    duplicates = len(received) - len(set(received))
+    print(f"200 messages, {len(received)} requests received, {duplicates} duplicates (at-least-once)")
+    with get_engine().connect() as connection:
+        assert len(list(connection.execute(select(ATTEMPTS)))) <= len(received)

@@ -1,0 +1,67 @@
+"""The ``replay`` flow: failed messages of a destination back to pending, then delivered."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from prefect import get_client
+from sqlalchemy import select, update
+
+from flows.deliver import deliver
+from flows.replay import replay
+from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.outbox import OUTBOX, enqueue
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine
+from tests.receivers import Receiver
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def track(n: int) -> dict[str, Any]:
+    return {"version": 1, "type": "track", "userId": f"u{n}", "timestamp": "2026-01-01T00:00:00.000Z",
+            "event": "E", "properties": {}}
+
+
+def outbox() -> list[Any]:
+    with get_engine().connect() as connection:
+        return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
+
+
+async def test_replay_puts_back_only_the_selected_failures_and_they_are_delivered(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", "0")
+    get_settings.cache_clear()
+    name = f"replay-{uuid.uuid4().hex[:8]}"
+    with Receiver(default=404) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        enqueue(name, [track(n) for n in range(4)])
+        enqueue("other", [track(9)])
+        with get_engine().begin() as connection:
+            connection.execute(update(OUTBOX).where(OUTBOX.c.id == 1).values(created_at=dt.datetime(2025, 1, 1)))
+        await deliver(destination=name)
+        assert [row.state for row in outbox()[:4]] == [FAILED] * 4
+        # The receiver is fixed; replay what failed since mid-2025.
+        receiver.default = 200
+        state = await replay(name, created_after=dt.datetime(2025, 6, 1, tzinfo=dt.timezone.utc),
+                             reason_prefix="permanent: HTTP 404", return_state=True)
+        assert await state.result() == 3
+        rows = outbox()
+        assert [row.state for row in rows] == [FAILED, PENDING, PENDING, PENDING, PENDING]
+        assert all(row.attempts == 0 and row.first_attempt_at is None for row in rows[1:4])
+        summary = await deliver(destination=name)
+        assert summary["delivered"] == 3
+    assert [row.state for row in outbox()[:4]] == [FAILED, DELIVERED, DELIVERED, DELIVERED]
+    assert sorted(orjson.loads(r.body)["userId"] for r in receiver.requests[4:]) == ["u1", "u2", "u3"]
+    async with get_client() as client:
+        response = await client.request(
+            "POST", "/artifacts/filter",
+            json={"artifacts": {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}, "limit": 10,
+                  "offset": 0, "sort": "CREATED_DESC"})
+    (artifact,) = response.json()
+    assert orjson.loads(artifact["data"])[0]["replayed"] == 3

@@ -11,7 +11,8 @@ from prefect.types import SecretDict
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 MAX_ENDPOINTS = 5
-LOGO_URL = "https://raw.githubusercontent.com/PrefectHQ/prefect/main/docs/images/logos/prefect-webhooks.png"
+# Prefect's own webhook block logo: a real, square PNG the UI can show.
+LOGO_URL = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/webhook.png"
 DOCS_URL = "https://github.com/prefect-webhooks/prefect-webhooks#readme"
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")

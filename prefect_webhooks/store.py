@@ -97,6 +97,10 @@ class Audience(SQLModel, table=True):
     sources: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     created_at: NaiveDatetime
     updated_at: NaiveDatetime
+    member_count: int | None = Field(
+        default=None, description="Members (or users with a value) at the last completed sync; guards empty ones."
+    )
+    last_synced_at: NaiveDatetime | None = Field(default=None, description="When the last sync completed.")
 
 
 class AudienceState(SQLModel, table=True):
@@ -191,7 +195,15 @@ def _make_engine(url: str) -> Engine:
 
 def create_schema(engine: Engine) -> None:
     """Create every table and index that is missing; safe to call from any number of processes."""
-    SQLModel.metadata.create_all(engine, checkfirst=True)
+    if engine.dialect.name != "postgresql":
+        # SQLite serialises the DDL under its write lock.
+        SQLModel.metadata.create_all(engine, checkfirst=True)
+        return
+    with engine.begin() as connection:
+        # Concurrent CREATE TABLEs race on PostgreSQL's catalog (duplicate pg_type rows): one creator at a time,
+        # the lock held until this transaction commits; the others then find every table and create nothing.
+        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243051)")
+        SQLModel.metadata.create_all(connection, checkfirst=True)
 
 
 def dispose_engines() -> None:

@@ -1,0 +1,106 @@
+"""The ``audience-sync`` flow: snapshot ▶ validate ▶ diff per destination ▶ identify rows + state in one transaction.
+
+Run it on a schedule per audience (see ``prefect_webhooks.audiences`` for how an audience is defined and diffed)::
+
+    from flows.audience_sync import audience_sync
+    from prefect_webhooks.audiences import AudienceDefinition
+    from prefect_webhooks.snapshots import SqlSnapshot
+
+    audience_sync(AudienceDefinition(name="Big Spenders 2024", sources=["web-app"],
+                                     snapshot=SqlSnapshot(url="postgresql://…", query="select user_id from …")))
+
+The run shows a progress artifact while the snapshot is written and a table artifact with, per destination, the
+members, added, removed, changed and unchanged users and the messages queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from uuid import UUID
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+
+from prefect_webhooks.audiences import AudienceDefinition, SyncResult, sync_audience
+from prefect_webhooks.blocks import Source
+
+PROGRESS_STEP = 2.0
+
+
+def artifact_key(audience_key: str) -> str:
+    """A Prefect artifact key for an audience (artifact keys allow lowercase letters, digits and dashes)."""
+    return "audience-" + audience_key.replace("_", "-")
+
+
+@task(cache_policy=NO_CACHE)
+def enabled_destinations(sources: Sequence[str]) -> dict[str, list[str]]:
+    """Each Source block's enabled WebhookDestination names (a missing block is an error: the audience is
+    misconfigured, and skipping it silently would never deliver)."""
+    return {name: list(Source.load(name).destinations) for name in sources}
+
+
+def progress_reporter(artifact_id: UUID) -> Callable[[float], None]:
+    """A callback that moves the progress artifact, at most once per ``PROGRESS_STEP`` percent."""
+    shown = [0.0]
+
+    def report(fraction: float) -> None:
+        percent = round(100.0 * fraction, 1)
+        if percent - shown[0] >= PROGRESS_STEP or (percent >= 100.0 > shown[0]):
+            shown[0] = percent
+            update_progress_artifact(artifact_id, percent)
+
+    return report
+
+
+@task(cache_policy=NO_CACHE)
+def sync(definition: AudienceDefinition, destinations_of: dict[str, list[str]], allow_empty: bool) -> SyncResult:
+    """Load, validate, diff and write the audience (one transaction per destination), showing progress."""
+    artifact_id = create_progress_artifact(0.0, description=f"Syncing audience {definition.name!r}")
+    return sync_audience(definition, destinations_of, allow_empty=allow_empty,
+                         progress=progress_reporter(artifact_id))
+
+
+def result_table(result: SyncResult) -> list[dict[str, object]]:
+    """One artifact row per destination."""
+    return [
+        {
+            "audience": result.key,
+            "destination": row.destination,
+            "source": row.source,
+            "members": row.members,
+            "added": row.added,
+            "removed": row.removed,
+            "changed": row.changed,
+            "unchanged": row.unchanged,
+            "messages queued": row.queued,
+        }
+        for row in result.destinations
+    ]
+
+
+@flow(name="audience-sync", log_prints=False)
+def audience_sync(definition: AudienceDefinition, allow_empty: bool = False) -> SyncResult:
+    """Sync one audience or computed trait to the Webhooks destinations of its sources.
+
+    Args:
+        definition: The audience or computed trait (name, sources, snapshot provider, columns).
+        allow_empty: Accept an empty snapshot after a non-empty one (sends ``false`` to every member).
+
+    Returns:
+        Per-destination counts of the sync.
+    """
+    logger = get_run_logger()
+    destinations_of = enabled_destinations(definition.sources)
+    result = sync(definition, destinations_of, allow_empty)
+    create_table_artifact(
+        table=result_table(result),
+        key=artifact_key(result.key),
+        description=f"Audience sync of {result.name!r} ({result.kind}, key {result.key!r}): {result.members} members",
+    )
+    for row in result.destinations:
+        logger.info(
+            "audience %s → %s: %d members, %d added, %d removed, %d changed, %d queued",
+            result.key, row.destination, row.members, row.added, row.removed, row.changed, row.queued,
+        )
+    return result

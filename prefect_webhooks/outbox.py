@@ -325,7 +325,8 @@ def replay_failed(
         How many rows were put back.
     """
     engine = engine or get_engine()
-    conditions = [OUTBOX.c.destination == destination, OUTBOX.c.state == FAILED]
+    # A row whose body a deletion request purged has nothing left to send: it stays failed.
+    conditions = [OUTBOX.c.destination == destination, OUTBOX.c.state == FAILED, OUTBOX.c.body.is_not(None)]
     if created_after is not None:
         conditions.append(OUTBOX.c.created_at >= to_store_time(created_after))
     if created_before is not None:

@@ -173,3 +173,15 @@ def test_record_outcomes_groups_rows_with_equal_values(store_url: str) -> None:
     assert [row.attempts for row in stored] == [1, 1, 0, 1, 3]
     assert stored[4].first_attempt_at == earlier and stored[0].first_attempt_at == now
     assert all(row.delivered_url == "http://a/" and row.lease_owner is None for row in stored if row.id != 3)
+
+
+def test_replay_leaves_rows_purged_by_a_deletion_request_failed(store_url: str) -> None:
+    engine = get_engine()
+    enqueue("crm", [{"version": 1, "type": "track", "userId": "u", "timestamp": "x", "event": "E"}] * 2)
+    with engine.begin() as connection:
+        connection.execute(update(OUTBOX).values(state=FAILED, reason="permanent: HTTP 404"))
+        connection.execute(update(OUTBOX).where(OUTBOX.c.id == 1).values(body=None, user_id=None))
+    assert replay_failed("crm") == 1
+    with engine.connect() as connection:
+        states = dict(connection.execute(select(OUTBOX.c.id, OUTBOX.c.state)).all())
+    assert states == {1: FAILED, 2: PENDING}

@@ -39,6 +39,29 @@ class WebhooksSettings(BaseSettings):
     delivery_concurrency: int = Field(
         default=64, gt=0, description="Concurrent requests a delivery process keeps in flight."
     )
+    endpoint_concurrency: int = Field(
+        default=32,
+        gt=0,
+        description="Concurrent requests one endpoint URL may hold (capped by `delivery_concurrency`), so a hanging "
+        "endpoint cannot take every slot.",
+    )
+    circuit_failure_threshold: int = Field(
+        default=5,
+        gt=0,
+        description="Retryable failures in a row after which an endpoint's circuit opens and its requests are "
+        "skipped (rescheduled with the error `circuit open`).",
+    )
+    circuit_cooldown_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds an open circuit waits before letting one probe request through (half-open).",
+    )
+    store_retry_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long a delivery process keeps retrying a store write or claim that failed because the "
+        "database was unreachable, before giving the batch up to lease expiry.",
+    )
     tls_ca_file: str = Field(
         default="",
         description="Extra CA bundle (PEM) trusted for https endpoints, besides the system's; empty means none.",

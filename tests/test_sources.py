@@ -1,0 +1,83 @@
+"""The write key → source registry: hashing, uniqueness, caching and reloading from saved Source blocks."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from prefect_webhooks.blocks import Source
+from prefect_webhooks.sources import (
+    DuplicateWriteKeyError,
+    SourceInfo,
+    SourceRegistry,
+    build_index,
+    read_source_entries,
+    register_source,
+)
+
+
+def test_build_index_refuses_a_shared_key_naming_both_sources_not_the_key() -> None:
+    index, errors = build_index(
+        [("k1", SourceInfo("a")), ("shared-key", SourceInfo("b")), ("shared-key", SourceInfo("c"))]
+    )
+    assert len(index) == 1
+    assert len(errors) == 1 and errors[0].sources == ("b", "c")
+    assert "'b'" in str(errors[0]) and "'c'" in str(errors[0]) and "shared-key" not in str(errors[0])
+
+
+async def test_registry_lookup_from_loaded_entries() -> None:
+    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=3600)
+    registry.load([("key-a", SourceInfo("a", ("crm",))), ("key-b", SourceInfo("b", enabled=False))])
+    assert await registry.lookup("key-a") == SourceInfo("a", ("crm",))
+    assert (await registry.lookup("key-b")).enabled is False
+    assert await registry.lookup("key-") is None
+    assert await registry.lookup("key-a ") is None
+
+
+async def test_registry_loads_saved_sources_and_sees_new_ones(prefect_harness: None) -> None:
+    name, key = f"reg-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0)
+    await registry.refresh()
+    assert await registry.lookup(key) is None
+    await Source(write_key=key, destinations=["crm", "bi"]).asave(name)
+    # An unknown key triggers a reload, so a source saved after start works at once.
+    assert await registry.lookup(key) == SourceInfo(name, ("crm", "bi"), True)
+
+
+async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None) -> None:
+    name, key = f"rate-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=3600)
+    await registry.refresh()
+    await Source(write_key=key).asave(name)
+    assert await registry.lookup(key) is None  # within the rate limit: no reload
+    registry.unknown_key_refresh_seconds = 0
+    assert (await registry.lookup(key)).name == name
+
+
+async def test_read_source_entries_reads_secrets_in_one_call(prefect_harness: None) -> None:
+    name, key = f"read-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    await Source(write_key=key, destinations=["x"], enabled=False).asave(name)
+    entries = dict((info.name, (write_key, info)) for write_key, info in await read_source_entries())
+    assert entries[name] == (key, SourceInfo(name, ("x",), False))
+
+
+async def test_register_source_refuses_a_key_used_by_another_source(prefect_harness: None) -> None:
+    key = uuid.uuid4().hex
+    first, second = f"first-{uuid.uuid4().hex[:6]}", f"second-{uuid.uuid4().hex[:6]}"
+    await register_source(first, Source(write_key=key))
+    with pytest.raises(DuplicateWriteKeyError) as caught:
+        await register_source(second, Source(write_key=key))
+    assert first in str(caught.value) and second in str(caught.value) and key not in str(caught.value)
+    # Saving the same source again under its own name is fine.
+    await register_source(first, Source(write_key=key, destinations=["crm"]))
+    assert (await Source.aload(first)).destinations == ["crm"]
+
+
+async def test_registry_refuses_a_duplicated_key_saved_around_the_check(prefect_harness: None) -> None:
+    key = uuid.uuid4().hex
+    await Source(write_key=key).asave(f"dup1-{uuid.uuid4().hex[:6]}")
+    await Source(write_key=key).asave(f"dup2-{uuid.uuid4().hex[:6]}")
+    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=3600)
+    await registry.refresh()
+    assert await registry.lookup(key) is None

@@ -22,6 +22,7 @@ import binascii
 import logging
 import zlib
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -29,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from prefect_webhooks.ingest import BatchWriter, Envelope, EnvelopeError, OverloadedError, batch_envelope, prepare_batch
 from prefect_webhooks.messages import MAX_BATCH_BYTES, MESSAGE_TYPES
@@ -310,6 +312,12 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:
+        # Routing refusals (404, 405…) answer like every other refusal: a {code, message} body.
+        code = HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_")
+        return json_response(exc.status_code, {"code": code, "message": str(exc.detail)}, exc.headers)
 
     async def batch(request: Request) -> Response:
         return await service.ingest(request, None)

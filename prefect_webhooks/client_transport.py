@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
+import httpcore  # noqa: F401  (httpx imports it lazily in the sender thread; a fork mid-import breaks the child)
 import httpx
 
 from prefect_webhooks.batching import QueuedMessage, encode_batch

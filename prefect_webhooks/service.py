@@ -1,0 +1,290 @@
+"""The one-machine service behind ``prefect-webhooks serve``: the ingest API plus the served deployments.
+
+It supervises two child processes, each in its own process group:
+
+- the ingest API: uvicorn running ``create_service_app`` (the ingest app with ``/metrics`` and ``/health/backlog``);
+- the deployments: ``python -m deployments.serve``, a Prefect runner serving ``deliver``, ``deletions``,
+  ``replay`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``.
+
+Shutdown on SIGTERM or SIGINT is ordered so that no claimed message is lost: the API stops accepting first and
+finishes the requests it has (a message is only acknowledged after its commit), then the runner is told to stop
+and stops its flow-run processes. Rows a stopped delivery run had claimed are released at once (their lease owner,
+a process of this host, is gone), so they are pending again; if the supervisor itself is killed, the leases
+expire after ``lease_seconds`` and the rows return to pending all the same.
+
+If one child dies, the other is stopped too and the service exits non-zero, so a process manager restarts the pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+
+from prefect_webhooks.store import PENDING, OutboxMessage, get_engine
+
+INGEST_READY_TIMEOUT = 60.0
+DEFAULT_GRACE_SECONDS = 30.0
+
+
+def create_service_app() -> Any:
+    """The ingest API app with the monitoring routes added (a uvicorn ``--factory`` target)."""
+    from prefect_webhooks.api import create_app
+    from prefect_webhooks.metrics import METRICS_PATH, add_metrics_routes
+
+    app = create_app()
+    if not any(getattr(route, "path", None) == METRICS_PATH for route in app.routes):
+        add_metrics_routes(app)
+    return app
+
+
+def ingest_command(host: str, port: int) -> list[str]:
+    """The command line that runs the ingest API on ``host:port``."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "prefect_webhooks.service:create_service_app",
+        "--factory",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--no-access-log",
+        # Clients (SDKs) keep connections open between flushes.
+        "--timeout-keep-alive",
+        "30",
+        # Let in-flight requests finish on SIGTERM, but not forever.
+        "--timeout-graceful-shutdown",
+        "20",
+    ]
+
+
+def deployments_command(limit: int | None = None) -> list[str]:
+    """The command line that serves the deployments (``deployments/serve.py``)."""
+    command = [sys.executable, "-m", "deployments.serve"]
+    if limit:
+        command += ["--limit", str(limit)]
+    return command
+
+
+@dataclass
+class Child:
+    """A supervised child process, started in its own process group."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str] | None = None
+    stop_signal: int = signal.SIGTERM
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> Child:
+        """Start the process in a new session so terminal signals reach only the supervisor."""
+        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+        return self
+
+    def running(self) -> bool:
+        """Whether the process is still alive."""
+        return self.process is not None and self.process.poll() is None
+
+    def terminate(self) -> None:
+        """Send the stop signal to the process (not its group: it stops its own children in order)."""
+        if self.running():
+            assert self.process is not None
+            self.process.send_signal(self.stop_signal)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True when it exited."""
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def kill_group(self, timeout: float = 5.0) -> None:
+        """SIGKILL the whole process group (the child and anything it left behind) and wait until it is gone."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.wait(timeout)
+        deadline = time.monotonic() + timeout
+        # Grandchildren (flow-run processes) are reaped by init a moment later.
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.process.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dead_local_owners(owners: Sequence[str], hostname: str | None = None) -> list[str]:
+    """The lease owners (``host:pid:run``, see ``delivery.new_owner``) of this host whose process is gone."""
+    host = (hostname or socket.gethostname())[:40]
+    dead = []
+    for owner in owners:
+        owner_host, _, rest = owner.partition(":")
+        pid = rest.partition(":")[0]
+        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+            dead.append(owner)
+    return dead
+
+
+def release_dead_local_leases(engine: Engine | None = None) -> int:
+    """Return to pending, at once, the rows leased by delivery processes of this host that no longer exist.
+
+    A flow run stopped mid-batch cannot record outcomes; its rows would come back anyway when the lease expires.
+    Releasing them now lets the next run (after a restart) take them without waiting ``lease_seconds``.
+
+    Returns:
+        How many rows were released.
+    """
+    engine = engine or get_engine()
+    table = OutboxMessage.__table__
+    with engine.begin() as connection:
+        owners = connection.execute(
+            select(table.c.lease_owner).where(table.c.state == PENDING, table.c.lease_owner.is_not(None)).distinct()
+        ).scalars()
+        dead = dead_local_owners(list(owners))
+        if not dead:
+            return 0
+        released = connection.execute(
+            update(table)
+            .where(table.c.state == PENDING, table.c.lease_owner.in_(dead))
+            .values(lease_owner=None, lease_expires_at=None)
+        )
+        return released.rowcount
+
+
+def wait_for_ingest(base_url: str, child: Child, timeout: float = INGEST_READY_TIMEOUT) -> None:
+    """Block until the ingest API answers ``/health/backlog``; raise if the child dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.running():
+            raise RuntimeError(f"{child.name} exited before it was ready")
+        try:
+            if httpx.get(f"{base_url}/health/backlog", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{child.name} not ready after {timeout:.0f} s")
+
+
+def stop_children(children: Sequence[Child], grace_seconds: float) -> None:
+    """Stop children in order: each gets its stop signal and ``grace_seconds``, then its group is killed."""
+    for child in children:
+        child.terminate()
+        if not child.wait(grace_seconds):
+            print(f"prefect-webhooks serve: {child.name} did not stop in {grace_seconds:.0f} s; killing it",
+                  file=sys.stderr)
+        # Anything left in the group (a flow-run process) goes too; ``serve`` then releases what it had claimed.
+        child.kill_group()
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    def request_stop(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+
+def serve(
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    limit: int | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+) -> int:
+    """Run the ingest API and the served deployments until SIGTERM/SIGINT or until one of them dies.
+
+    Args:
+        host: Address for the ingest API; ``settings.ingest_host`` by default.
+        port: Port for the ingest API; ``settings.ingest_port`` by default.
+        limit: Most flow runs the runner executes at once (None: Prefect's default).
+        grace_seconds: How long each child gets to stop before its process group is killed.
+
+    Returns:
+        0 after a requested shutdown, 1 when a child exited on its own.
+    """
+    from prefect_webhooks.settings import get_settings
+
+    settings = get_settings()
+    host = host or settings.ingest_host
+    port = port or settings.ingest_port
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    # Ingest first so the API is up before scheduled deliveries start; stop order is the same: stop accepting,
+    # then stop delivering.
+    children = [Child("ingest API", ingest_command(host, port)).start()]
+    exit_code = 0
+    try:
+        wait_for_ingest(f"http://{host}:{port}", children[0])
+        # The runner handles SIGINT as a clean stop (SIGTERM makes it exit from inside its signal handler).
+        children.append(Child("deployments", deployments_command(limit), stop_signal=signal.SIGINT).start())
+        print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, deployments served", flush=True)
+        while not stop.wait(0.5):
+            dead = [child for child in children if not child.running()]
+            if dead:
+                print(f"prefect-webhooks serve: {dead[0].name} exited; stopping", file=sys.stderr, flush=True)
+                exit_code = 1
+                break
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"prefect-webhooks serve: {exc}", file=sys.stderr, flush=True)
+        exit_code = 1
+    finally:
+        stop_children(children, grace_seconds)
+        released = release_dead_local_leases()
+        if released:
+            print(f"prefect-webhooks serve: {released} interrupted deliveries returned to pending", flush=True)
+    return exit_code
+
+
+def configure_serve(parser: argparse.ArgumentParser) -> None:
+    """Add the ``serve`` options to a parser."""
+    parser.add_argument("--host", default=None, help="address of the ingest API (default: the ingest_host setting)")
+    parser.add_argument("--port", type=int, default=None, help="port of the ingest API (default: ingest_port)")
+    parser.add_argument("--limit", type=int, default=None, help="most flow runs executed at once")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, help="seconds each part gets to stop")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run ``serve`` from parsed options."""
+    return serve(args.host, args.port, limit=args.limit, grace_seconds=args.grace)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m prefect_webhooks.service --host H --port P``: the same as ``prefect-webhooks serve``."""
+    parser = argparse.ArgumentParser(prog="prefect-webhooks serve", description="Ingest API plus served deployments.")
+    configure_serve(parser)
+    return run_serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

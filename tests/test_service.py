@@ -1,0 +1,249 @@
+"""``prefect-webhooks serve``: the served deployments, and a SIGTERM with deliveries in flight that loses nothing."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+import yaml
+from sqlalchemy import func, select, update
+
+from deployments.serve import (
+    DELETIONS_DEPLOYMENT,
+    DELIVER_DEPLOYMENT,
+    REPLAY_DEPLOYMENT,
+    build_deployments,
+    load_audience_schedules,
+)
+from prefect_webhooks.metrics import backlog_snapshot
+from prefect_webhooks.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.service import dead_local_owners, release_dead_local_leases
+from prefect_webhooks.settings import WebhooksSettings
+from prefect_webhooks.store import DELIVERED, PENDING, OutboxMessage, get_engine, store_now
+from tests.receivers import Receiver
+from tests.servers import free_port, save_destination, save_source
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_dead_local_owners_are_only_gone_processes_of_this_host() -> None:
+    host = socket.gethostname()[:40]
+    alive, dead = f"{host}:{os.getpid()}:aa", f"{host}:{_dead_pid()}:bb"
+    elsewhere = f"another-host:{_dead_pid()}:cc"
+    assert dead_local_owners([alive, dead, elsewhere, "not-an-owner"]) == [dead]
+
+
+def test_release_dead_local_leases(store_url: str) -> None:
+    host = socket.gethostname()[:40]
+    alive, dead = f"{host}:{os.getpid()}:aa", f"{host}:{_dead_pid()}:bb"
+    table = OutboxMessage.__table__
+    until = store_now() + timedelta(minutes=5)
+    with get_engine().begin() as connection:
+        rows = outbox_rows("d", [{"type": "track", "userId": f"u{i}", "event": "E"} for i in range(3)])
+        add_to_outbox(connection, rows)
+        for row_id, owner in zip((1, 2, 3), (alive, dead, dead), strict=True):
+            connection.execute(
+                update(table).where(table.c.id == row_id).values(lease_owner=owner, lease_expires_at=until)
+            )
+        connection.execute(update(table).where(table.c.id == 3).values(state=DELIVERED))
+
+    assert release_dead_local_leases() == 1
+    with get_engine().connect() as connection:
+        owners = dict(connection.execute(select(table.c.id, table.c.lease_owner)).all())
+    # The live process keeps its lease; a finished row is left alone.
+    assert owners == {1: alive, 2: None, 3: dead}
+
+
+def test_audience_file_entries(tmp_path: Path) -> None:
+    path = tmp_path / "audiences.yaml"
+    assert load_audience_schedules(path) == []
+    path.write_text(
+        yaml.safe_dump(
+            [
+                {"name": "vip", "cron": "*/15 * * * *", "parameters": {"definition": {"name": "VIP"}}},
+                {"name": "churn-risk"},
+            ]
+        )
+    )
+    vip, churn = load_audience_schedules(path)
+    assert (vip.name, vip.cron, vip.parameters) == ("vip", "*/15 * * * *", {"definition": {"name": "VIP"}})
+    assert (churn.name, churn.cron) == ("churn-risk", None)
+    path.write_text("name: not-a-list\n")
+    with pytest.raises(ValueError, match="YAML list"):
+        load_audience_schedules(path)
+
+
+def test_served_deployments_and_schedules(tmp_path: Path) -> None:
+    audiences = tmp_path / "audiences.yaml"
+    audiences.write_text(yaml.safe_dump([{"name": "vip", "cron": "0 * * * *", "parameters": {"definition": {}}}]))
+    settings = WebhooksSettings(
+        home=tmp_path, audiences_file=str(audiences), deliver_interval_seconds=30, deliver_run_seconds=25
+    )
+    deployments = {(d.flow_name, d.name): d for d in build_deployments(settings)}
+
+    assert set(deployments) == {
+        ("deliver", DELIVER_DEPLOYMENT),
+        ("deletions", DELETIONS_DEPLOYMENT),
+        ("replay", REPLAY_DEPLOYMENT),
+        ("audience-sync", "vip"),
+    }
+    deliver = deployments[("deliver", DELIVER_DEPLOYMENT)]
+    assert deliver.parameters == {"run_for_seconds": 25}
+    assert deliver.schedules[0].schedule.interval.total_seconds() == 30
+    assert deliver.entrypoint == "flows.deliver.deliver"
+    assert deployments[("replay", REPLAY_DEPLOYMENT)].schedules in (None, [])
+    assert deployments[("audience-sync", "vip")].schedules[0].schedule.cron == "0 * * * *"
+
+
+def test_prefect_yaml_matches_the_served_deployments() -> None:
+    document = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    served = {(d.flow_name, d.name) for d in build_deployments(WebhooksSettings(audiences_file="/nonexistent"))}
+    in_yaml = set()
+    for deployment in document["deployments"]:
+        assert deployment["work_pool"]["name"] == "webhooks-pool"
+        path, function = deployment["entrypoint"].split(":")
+        module = __import__(path.removesuffix(".py").replace("/", "."), fromlist=[function])
+        in_yaml.add((getattr(module, function).name, deployment["name"]))
+    # Every served deployment is in prefect.yaml (the yaml adds one example audience).
+    assert served <= in_yaml
+    assert any(flow == "audience-sync" for flow, _ in in_yaml)
+
+
+@contextmanager
+def running_service(env: dict[str, str], port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m prefect_webhooks.service`` in its own process group, killed (group) at the end."""
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "prefect_webhooks.service", "--host", "127.0.0.1", "--port", str(port),
+             "--grace", "20"],
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health/backlog", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "service not ready"
+            time.sleep(0.2)
+        yield process
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _outbox_counts() -> dict[str, int]:
+    table = OutboxMessage.__table__
+    with get_engine().connect() as connection:
+        return dict(connection.execute(select(table.c.state, func.count()).group_by(table.c.state)).all())
+
+
+def _start_delivery(service: subprocess.Popen[bytes]) -> None:
+    """Start a deliver run as soon as the service has registered its deployments."""
+    from prefect.deployments import run_deployment
+
+    from prefect_webhooks.demo import wait_for_deployments
+
+    wait_for_deployments([f"deliver/{DELIVER_DEPLOYMENT}"], service, timeout=120)
+    run_deployment(f"deliver/{DELIVER_DEPLOYMENT}", timeout=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_sigterm_with_deliveries_in_flight_loses_nothing(
+    prefect_harness: None, store_url: str, tmp_path: Path
+) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    count = 30
+    port = free_port()
+    # Every request takes 4 s to answer: the batch is in flight when SIGTERM arrives.
+    with Receiver(default={"status": 200, "delay": 4.0}) as receiver:
+        save_destination("svc-dest", [receiver.url])
+        save_source("svc-source", "wk_service_test", ["svc-dest"])
+        workdir = tmp_path / "service"
+        workdir.mkdir()
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+            "PREFECT_API_URL": PREFECT_API_URL.value(),
+            "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+            "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
+            "PREFECT_WEBHOOKS_HOME": str(workdir),
+            # Long leases: rows must come back because the service released them, not because a lease expired.
+            "PREFECT_WEBHOOKS_LEASE_SECONDS": "300",
+            "PREFECT_WEBHOOKS_TASK_RETRIES": "0",
+            "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "3600",
+            "PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS": "120",
+            "PYTHONPATH": str(ROOT),
+        }
+        log = workdir / "service.log"
+        with running_service(env, port, log) as service:
+            batch = {
+                "batch": [
+                    {"type": "track", "userId": f"u{i}", "event": "Shutdown Test", "messageId": f"m-{i}"}
+                    for i in range(count)
+                ]
+            }
+            auth = base64.b64encode(b"wk_service_test:").decode()
+            answer = httpx.post(
+                f"http://127.0.0.1:{port}/v1/batch", json=batch, headers={"Authorization": f"Basic {auth}"}
+            )
+            assert answer.status_code == 200, answer.text
+            assert _outbox_counts() == {PENDING: count}
+            _start_delivery(service)
+            receiver.wait_for(1, timeout=120)
+            service.send_signal(signal.SIGTERM)
+            assert service.wait(60) == 0, log.read_text()[-3000:]
+            # Nothing of the service is left: not the API, not the runner, not a flow-run process.
+            time.sleep(1)
+            assert not _group_alive(service.pid), log.read_text()[-3000:]
+        interrupted = _outbox_counts()
+        # Stopped mid-batch: every row is delivered (its outcome was recorded) or pending again; none is lost,
+        # failed, or still held by the stopped run's lease.
+        assert set(interrupted) <= {PENDING, DELIVERED} and sum(interrupted.values()) == count, interrupted
+        assert backlog_snapshot()["totals"]["in_flight"] == 0
+        assert "interrupted deliveries returned to pending" in log.read_text() or PENDING not in interrupted
+
+        receiver.default = 200
+        with running_service(env, port, log) as service:
+            _start_delivery(service)
+            deadline = time.monotonic() + 120
+            while _outbox_counts() != {DELIVERED: count}:
+                assert time.monotonic() < deadline, (_outbox_counts(), log.read_text()[-3000:])
+                time.sleep(0.5)
+        users = {orjson.loads(request.body)["userId"] for request in receiver.requests}
+        assert users == {f"u{i}" for i in range(count)}

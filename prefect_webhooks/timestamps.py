@@ -44,7 +44,11 @@ def parse_timestamp(value: str | datetime) -> datetime:
         if hours > 23 or minutes > 59:
             raise TimestampError(f"invalid UTC offset in {value[:64]!r}")
         offset = sign * timedelta(hours=hours, minutes=minutes)
-    return (parsed - offset).replace(tzinfo=timezone.utc)
+    try:
+        return (parsed - offset).replace(tzinfo=timezone.utc)
+    except OverflowError:
+        # e.g. 0001-01-01T00:00:00+01:00 is in year 0 in UTC.
+        raise TimestampError(f"outside the supported date range in UTC: {value[:64]!r}") from None
 
 
 def format_timestamp(value: datetime) -> str:

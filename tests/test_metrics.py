@@ -23,7 +23,9 @@ from prefect_webhooks.store import DELIVERED, FAILED, OutboxMessage, get_engine,
 NOW = store_now()
 
 
-def _add(destination: str, count: int, *, age: float, state: str | None = None, leased: bool = False) -> None:
+def _add(
+    destination: str, count: int, *, age: float, state: str | None = None, leased: bool = False, lease: float = 60
+) -> None:
     """Insert ``count`` rows created ``age`` seconds before NOW, optionally moved to ``state`` or leased."""
     engine = get_engine()
     created = NOW - timedelta(seconds=age)
@@ -41,14 +43,15 @@ def _add(destination: str, count: int, *, age: float, state: str | None = None, 
             connection.execute(
                 update(table)
                 .where(ids, table.c.destination == destination)
-                .values(lease_owner="w1", lease_expires_at=NOW + timedelta(seconds=60))
+                .values(lease_owner="w1", lease_expires_at=NOW + timedelta(seconds=lease))
             )
 
 
 @pytest.fixture
 def filled_store(store_url: str) -> str:
     _add("crm", 3, age=120)
-    _add("crm", 2, age=10, leased=True)
+    # A day-long lease: the status command reads the real clock, which may run well past NOW in a long session.
+    _add("crm", 2, age=10, leased=True, lease=86400)
     _add("crm", 4, age=500, state=DELIVERED)
     _add("crm", 1, age=900, state=FAILED)
     _add('odd "name"\\x', 5, age=30, state=DELIVERED)

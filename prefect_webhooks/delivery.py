@@ -29,7 +29,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from prefect_webhooks.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
 from prefect_webhooks.destinations import DestinationCache, DestinationNotFound, ResolvedDestination
 from prefect_webhooks.events import emit_delivery_failed
 from prefect_webhooks.network import BlockedAddressError, delivery_connector
@@ -101,6 +103,11 @@ class Sender:
         self._session: aiohttp.ClientSession | None = None
         # Queueing for a slot must not eat into an endpoint's 5 s, so the timeout starts inside the slot.
         self._slots = asyncio.Semaphore(self.settings.delivery_concurrency)
+        self.guard = EndpointGuard(
+            threshold=self.settings.circuit_failure_threshold,
+            cooldown=self.settings.circuit_cooldown_seconds,
+            concurrency=min(self.settings.endpoint_concurrency, self.settings.delivery_concurrency),
+        )
 
     async def __aenter__(self) -> Sender:
         connector = delivery_connector(
@@ -122,7 +129,23 @@ class Sender:
             self._session = None
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
-        """POST ``body`` to ``url`` once and classify what happened (never raises for network outcomes)."""
+        """POST ``body`` to ``url`` once unless its circuit is open, and classify what happened.
+
+        The URL's own slot is taken before a process slot, so a hanging endpoint holds at most
+        ``endpoint_concurrency`` of them. Never raises for network outcomes.
+        """
+        async with self.guard.slots(url):
+            if not self.guard.allow(url):
+                return RequestResult(url, store_now(), RETRY, error=CIRCUIT_OPEN_ERROR)
+            result: RequestResult | None = None
+            try:
+                result = await self._post(url, body, headers)
+            finally:
+                # A cancelled probe counts as a failure, so the circuit never waits for a probe that is gone.
+                self.guard.record(url, result is not None and result.outcome != RETRY)
+            return result
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
         assert self._session is not None, "use Sender as an async context manager"
         async with self._slots:
             attempted_at = store_now()
@@ -312,6 +335,33 @@ def new_owner() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def is_store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store could not be reached (restarting, connection lost, locked) — worth a retry."""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+async def store_call(settings: WebhooksSettings, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a blocking store call in a thread, retrying it while the store is unreachable.
+
+    A restart of the database must not cost a batch whose requests were already sent (that would mean sending
+    them again after the lease expires), so the call is retried with a growing pause for up to
+    ``store_retry_seconds``; after that the error propagates and the rows wait for their lease to expire.
+    """
+    give_up_at = time.monotonic() + settings.store_retry_seconds
+    pause = 0.2
+    while True:
+        try:
+            return await asyncio.to_thread(function, *args, **kwargs)
+        except Exception as exc:
+            if not is_store_unavailable(exc) or time.monotonic() + pause > give_up_at:
+                raise
+            logger.warning("store unavailable (%s); retrying in %.1f s", type(exc).__name__, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
 @dataclass
 class BatchResult:
     """What one try of a batch did."""
@@ -469,7 +519,7 @@ async def process_batch(
     settings, engine = context.settings, context.engine
     rows = batch.rows
     if not first_try:
-        rows = await asyncio.to_thread(leased_rows, engine, batch.ids, context.owner)
+        rows = await store_call(settings, leased_rows, engine, batch.ids, context.owner)
     now = store_now()
     writes = BatchWrites()
     due = []
@@ -484,7 +534,7 @@ async def process_batch(
     not_due = [row.id for row in rows if row.next_attempt_at > now]
     if not_due:
         # A Retry-After longer than the task's wait: the outbox delivers these when they are due.
-        await asyncio.to_thread(release_leases, engine, not_due, context.owner)
+        await store_call(settings, release_leases, engine, not_due, context.owner)
 
     ready, deferred = await _resolve_all(due, context, writes)
     results_by_row = await context.sender.send_all([(destination, row.body) for row, destination in ready])
@@ -501,8 +551,8 @@ async def process_batch(
                                    "b_first_attempt_at": row.first_attempt_at, "b_reason": row.reason,
                                    "b_next_attempt_at": finished + timedelta(seconds=settings.retry_base_delay),
                                    "b_lease_owner": None, "b_lease_expires_at": None})
-    await asyncio.to_thread(record_outcomes, engine, delivered=writes.delivered, failed=writes.failed,
-                            rescheduled=writes.rescheduled, attempts=writes.attempts)
+    await store_call(settings, record_outcomes, engine, delivered=writes.delivered, failed=writes.failed,
+                     rescheduled=writes.rescheduled, attempts=writes.attempts)
     _log_timeouts(results_by_row, log)
     for row, reason, attempts in writes.failures:
         emit_delivery_failed(row.id, row.destination, reason, attempts)
@@ -636,7 +686,17 @@ async def _claim_loop(
         out_of_batches = max_batches is not None and claimed_batches >= max_batches
         exhausted = False
         while not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1):
-            rows = await asyncio.to_thread(claim_due_deliveries, context.engine, size, context.owner, destination)
+            try:
+                rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
+                                        destination)
+            except Exception as exc:
+                if stop_at is None or not is_store_unavailable(exc):
+                    raise
+                # Continuous mode outlives a store outage: claim again after a pause.
+                logger.error("claiming failed, store unavailable: %s", type(exc).__name__)
+                if not in_flight:
+                    await asyncio.sleep(max(idle_sleep, 1.0))
+                break
             if not rows:
                 exhausted = True
                 break

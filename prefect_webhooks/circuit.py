@@ -1,0 +1,99 @@
+"""Per-endpoint isolation: a concurrency limit and a circuit breaker per endpoint URL.
+
+One broken endpoint must not slow delivery to the others. Two things keep it in its corner:
+
+- **Concurrency per URL.** A request first takes a slot of its URL (``endpoint_concurrency``), then a slot of the
+  process (``delivery_concurrency``); an endpoint that hangs can hold at most its own slots, never all of them.
+- **Circuit breaker per URL.** After ``circuit_failure_threshold`` retryable failures in a row (timeouts,
+  connection errors, 5xx, 408, 429) the circuit opens: requests to that URL are not sent, the message is
+  rescheduled like any retryable outcome and an attempt with the error ``circuit open`` is recorded. After
+  ``circuit_cooldown_seconds`` it half-opens: one probe request goes through (the others still skip); a success
+  closes it, a failure opens it for another cool-down.
+
+The state lives in the delivering process (each worker learns on its own); nothing here touches the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half-open"
+CIRCUIT_OPEN_ERROR = "circuit open"
+
+
+@dataclass
+class Circuit:
+    """The breaker of one endpoint URL."""
+
+    threshold: int
+    cooldown: float
+    state: str = CLOSED
+    failures: int = 0
+    opened_at: float = 0.0
+    probing: bool = False
+    opened_count: int = 0
+    skipped: int = 0
+
+    def allow(self, now: float) -> bool:
+        """Whether a request may be sent now; in half-open state only one probe at a time is let through."""
+        if self.state == CLOSED:
+            return True
+        if self.state == OPEN and now - self.opened_at >= self.cooldown:
+            self.state = HALF_OPEN
+        if self.state == HALF_OPEN and not self.probing:
+            self.probing = True
+            return True
+        self.skipped += 1
+        return False
+
+    def record(self, success: bool, now: float) -> None:
+        """Count the outcome of a sent request: success closes the circuit, failures open it."""
+        if success:
+            self.state, self.failures, self.probing = CLOSED, 0, False
+            return
+        self.failures += 1
+        if self.state == HALF_OPEN or self.failures >= self.threshold:
+            if self.state != OPEN:
+                self.opened_count += 1
+            self.state, self.opened_at, self.probing = OPEN, now, False
+
+
+@dataclass
+class EndpointGuard:
+    """Every endpoint's circuit and concurrency slots in one delivering process."""
+
+    threshold: int
+    cooldown: float
+    concurrency: int
+    circuits: dict[str, Circuit] = field(default_factory=dict)
+    _slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+
+    def circuit(self, url: str) -> Circuit:
+        """The breaker of ``url`` (created closed on first use)."""
+        found = self.circuits.get(url)
+        if found is None:
+            found = self.circuits[url] = Circuit(self.threshold, self.cooldown)
+        return found
+
+    def slots(self, url: str) -> asyncio.Semaphore:
+        """The concurrency slots of ``url``."""
+        found = self._slots.get(url)
+        if found is None:
+            found = self._slots[url] = asyncio.Semaphore(self.concurrency)
+        return found
+
+    def allow(self, url: str) -> bool:
+        """Whether a request to ``url`` may be sent now."""
+        return self.circuit(url).allow(time.monotonic())
+
+    def record(self, url: str, success: bool) -> None:
+        """Feed a sent request's outcome to ``url``'s breaker."""
+        self.circuit(url).record(success, time.monotonic())
+
+    def state(self, url: str) -> str:
+        """``closed``, ``open`` or ``half-open`` (an open circuit past its cool-down reads as open until asked)."""
+        return self.circuit(url).state

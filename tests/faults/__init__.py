@@ -1,0 +1,116 @@
+"""Shared pieces of the fault and scale-out tests: delivery worker processes and the end-of-test accounting.
+
+``worker_main`` is the body of a delivery worker process (``python -c "from tests.faults import worker_main;
+worker_main()"``): it delivers from the store in ``PREFECT_WEBHOOKS_DATABASE_URL`` to destinations given as JSON in
+``WORKER_DESTINATIONS`` (``{name: [url, ...]}``, unsaved blocks, so no Prefect server is needed) with ``deliver_due``
+in continuous mode, and prints its stats as one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import func, select
+
+from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER_CODE = "from tests.faults import worker_main; worker_main()"
+
+
+def worker_main() -> None:
+    """Deliver until nothing is due for a while (``WORKER_RUN_SECONDS`` at most), then print the stats."""
+    from prefect_webhooks.blocks import WebhookDestination
+    from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
+    from prefect_webhooks.settings import get_settings
+
+    destinations = json.loads(os.environ["WORKER_DESTINATIONS"])
+    run_seconds = float(os.environ.get("WORKER_RUN_SECONDS", "60"))
+    until_empty = os.environ.get("WORKER_UNTIL_EMPTY", "1") == "1"
+
+    async def run() -> dict[str, Any]:
+        settings = get_settings()
+        async with Sender(settings) as sender:
+            context = DeliveryContext(get_engine(), sender, settings=settings)
+            for name, urls in destinations.items():
+                context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url} for url in urls]))
+            stats = await deliver_due(context=context, run_for_seconds=run_seconds, until_empty=until_empty,
+                                      idle_sleep=0.1)
+            return {"owner": context.owner, **stats.summary()}
+
+    print(json.dumps(asyncio.run(run())), flush=True)
+
+
+def start_worker(store_url: str, destinations: dict[str, list[str]], *, run_seconds: float = 60.0,
+                 until_empty: bool = True, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start a delivery worker process (see ``worker_main``)."""
+    child_env = {
+        **os.environ,
+        "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
+        "WORKER_DESTINATIONS": json.dumps(destinations),
+        "WORKER_RUN_SECONDS": str(run_seconds),
+        "WORKER_UNTIL_EMPTY": "1" if until_empty else "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
+    }
+    return subprocess.Popen([sys.executable, "-c", WORKER_CODE], env=child_env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def worker_result(process: subprocess.Popen[str], timeout: float = 90.0) -> dict[str, Any]:
+    """Wait for a worker and return its printed stats."""
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"worker exited {process.returncode}: {err[-3000:]}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def received_ids(requests: list[Any], field_name: str = "messageId") -> Counter[str]:
+    """How many times the receiver got each message (by the ``messageId`` (or ``field_name``) in the body)."""
+    counts: Counter[str] = Counter()
+    for request in requests:
+        counts[str(orjson.loads(request.body)["properties"][field_name])] += 1
+    return counts
+
+
+@dataclass
+class Accounting:
+    """Sent = delivered + failed (with reason), nothing lost, duplicates caused by the fault."""
+
+    sent: int
+    delivered: int
+    failed: int
+    pending: int
+    failed_reasons: Counter[str] = field(default_factory=Counter)
+    received_unique: int = 0
+    duplicates: int = 0
+
+    def report(self, title: str) -> str:
+        """A printable summary (shown with ``pytest -s`` and in failure output)."""
+        reasons = ", ".join(f"{count}× {reason}" for reason, count in self.failed_reasons.most_common(5)) or "none"
+        return (f"[{title}] sent={self.sent} delivered={self.delivered} failed={self.failed} (reasons: {reasons}) "
+                f"pending={self.pending} received unique={self.received_unique} duplicates={self.duplicates}")
+
+
+def accounting(sent: int, received: Counter[str] | None = None, url: str | None = None) -> Accounting:
+    """Count the outbox by state (and the receiver's copies when given)."""
+    from prefect_webhooks.outbox import OUTBOX
+
+    with get_engine(url).connect() as connection:
+        states = dict(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
+        reasons = Counter({reason: count for reason, count in connection.execute(
+            select(OUTBOX.c.reason, func.count()).where(OUTBOX.c.state == FAILED).group_by(OUTBOX.c.reason))})
+    result = Accounting(sent=sent, delivered=states.get(DELIVERED, 0), failed=states.get(FAILED, 0),
+                        pending=states.get(PENDING, 0), failed_reasons=reasons)
+    if received is not None:
+        result.received_unique = len(received)
+        result.duplicates = sum(count - 1 for count in received.values())
+    return result

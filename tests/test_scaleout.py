@@ -1,0 +1,160 @@
+"""Several delivery processes sharing one outbox, on SQLite and PostgreSQL (``backend_url``).
+
+Claims are disjoint across processes, leases expire, a message is delivered twice only after a lease expired,
+and concurrent schema creation on a fresh PostgreSQL database is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect, select
+
+from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store import get_engine
+from tests.conftest import _fresh_postgres_database
+from tests.faults import ROOT, accounting, received_ids, start_worker, worker_result
+from tests.receivers import Receiver
+
+CLAIMER = """
+import json, sys
+from prefect_webhooks.outbox import claim_due_deliveries
+from prefect_webhooks.store import get_engine
+engine, claimed = get_engine(sys.argv[1]), []
+print("ready", flush=True)
+sys.stdin.readline()
+while rows := claim_due_deliveries(engine, 50, sys.argv[2], lease_seconds=600):
+    claimed.extend(row.id for row in rows)
+print(json.dumps(claimed))
+"""
+
+
+def payloads(count: int, start: int = 0) -> list[dict[str, Any]]:
+    return [{"type": "track", "userId": f"u{n}", "event": "E", "properties": {"messageId": f"m{n}"}}
+            for n in range(start, start + count)]
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.mark.slow
+def test_claims_are_disjoint_across_processes(backend_url: str) -> None:
+    total = 3000
+    for start in range(0, total, 500):
+        enqueue("d", payloads(500, start))
+    processes = [subprocess.Popen([sys.executable, "-c", CLAIMER, backend_url, f"claimer-{n}"], env=child_env(),
+                                  cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+                 for n in range(4)]
+    # All four start claiming at once (imports and connections done), so they really contend.
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    claimed = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-2000:]
+        claimed.append(json.loads(out))
+    every = [row_id for ids in claimed for row_id in ids]
+    print(f"\nclaims per process: {[len(ids) for ids in claimed]}")
+    assert len(every) == len(set(every)) == total
+    # Contention, not one process taking everything before the others start, is what makes this a test.
+    assert sum(1 for ids in claimed if ids) >= 2
+
+
+def test_leases_expire_and_rows_come_back(backend_url: str) -> None:
+    enqueue("d", payloads(20))
+    engine = get_engine()
+    first = claim_due_deliveries(engine, 100, "a", lease_seconds=0.4)
+    assert len(first) == 20
+    assert claim_due_deliveries(engine, 100, "b", lease_seconds=60) == []
+    time.sleep(0.5)
+    again = claim_due_deliveries(engine, 100, "b", lease_seconds=60)
+    assert sorted(row.id for row in again) == sorted(row.id for row in first)
+    with engine.connect() as connection:
+        assert {row.lease_owner for row in connection.execute(select(OUTBOX.c.lease_owner))} == {"b"}
+
+
+@pytest.mark.slow
+def test_workers_deliver_every_message_exactly_once_without_lease_expiry(backend_url: str) -> None:
+    total = 1500
+    for start in range(0, total, 500):
+        enqueue("d", payloads(500, start))
+    with Receiver() as receiver:
+        workers = [start_worker(backend_url, {"d": [receiver.url]}, env={"PREFECT_WEBHOOKS_CLAIM_BATCH_SIZE": "100"})
+                   for _ in range(3)]
+        results = [worker_result(worker) for worker in workers]
+        received = received_ids(receiver.requests)
+    report = accounting(total, received)
+    print(f"\nper worker delivered: {[result['delivered'] for result in results]}\n{report.report('3 workers')}")
+    assert report.delivered == total and report.failed == report.pending == 0
+    assert report.received_unique == total and report.duplicates == 0
+    assert sum(result["delivered"] for result in results) == total
+
+
+@pytest.mark.slow
+def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
+    lease = 0.5
+    env = {"PREFECT_WEBHOOKS_LEASE_SECONDS": str(lease), "PREFECT_WEBHOOKS_CLAIM_BATCH_SIZE": "10",
+           "PREFECT_WEBHOOKS_REQUEST_TIMEOUT": "5"}
+    enqueue("d", payloads(20))
+    # Every request takes longer than the lease, so other claimers take the rows back while they are in flight.
+    with Receiver(default={"status": 200, "delay": 1.2}) as receiver:
+        # Continuous mode for a fixed time, so an idle worker keeps claiming and finds the expired leases.
+        workers = [start_worker(backend_url, {"d": [receiver.url]}, env=env, run_seconds=4.0, until_empty=False)
+                   for _ in range(2)]
+        for worker in workers:
+            worker_result(worker)
+        received = received_ids(receiver.requests)
+    report = accounting(20, received)
+    with get_engine().connect() as connection:
+        rows = connection.execute(select(ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at)
+                                  .order_by(ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at)).all()
+    by_row: dict[int, list[Any]] = {}
+    for row in rows:
+        by_row.setdefault(row.outbox_id, []).append(row.attempted_at)
+    gaps = [later - earlier for times in by_row.values() for earlier, later in zip(times, times[1:], strict=False)]
+    print(f"\n{report.report('lease 0.5 s, requests 1.2 s')}; repeated requests: {len(gaps)}, "
+          f"shortest gap between two requests of one message: {min(gaps, default=None)}")
+    assert report.delivered == 20 and report.pending == report.failed == 0
+    assert report.duplicates > 0
+    # Every copy the receiver got is a recorded attempt, and every repeat started a lease after the one before.
+    assert len(rows) == sum(received.values())
+    assert report.duplicates == len(gaps)
+    assert all(gap >= timedelta(seconds=lease * 0.8) for gap in gaps)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_concurrent_schema_creation_on_a_fresh_postgres_database() -> None:
+    server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
+    if not server:
+        if os.environ.get("CI"):
+            pytest.fail("PREFECT_WEBHOOKS_TEST_POSTGRES_URL is not set")
+        pytest.skip("no PostgreSQL server (scripts/test-postgres)")
+    failures: Counter[str] = Counter()
+    for _ in range(3):
+        url = _fresh_postgres_database(server)
+        code = "import sys; from prefect_webhooks.store import get_engine; get_engine(sys.argv[1])"
+        processes = [subprocess.Popen([sys.executable, "-c", code, url], env=child_env(), cwd=ROOT,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        for process in processes:
+            _, err = process.communicate(timeout=120)
+            if process.returncode:
+                failures[err.strip().splitlines()[-1][:200]] += 1
+        engine = get_engine(url)
+        assert {"outbox", "delivery_attempts"} <= set(inspect(engine).get_table_names())
+    assert not failures, failures
+

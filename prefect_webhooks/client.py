@@ -540,16 +540,20 @@ class Analytics:
             if self._senders:
                 return
             for index in range(self.options.senders):
+                # The HTTP client (and its TLS context) is built here, in the calling thread: built in the sender
+                # thread, an os.fork() landing mid-construction would leave OpenSSL's lock held in the child.
+                poster = BatchPoster(self._url, self._headers, self.options.timeout, self.options.gzip)
                 thread = threading.Thread(
-                    target=self._send_loop, args=(self._queue, self._abort), name=f"analytics-sender-{index}"
+                    target=self._send_loop,
+                    args=(self._queue, self._abort, poster),
+                    name=f"analytics-sender-{index}",
                 )
                 # Daemon so a forgotten client cannot keep the process alive; the atexit hook does the last flush.
                 thread.daemon = True
                 thread.start()
                 self._senders.append(thread)
 
-    def _send_loop(self, queue: MessageQueue, abort: threading.Event) -> None:
-        poster = BatchPoster(self._url, self._headers, self.options.timeout, self.options.gzip)
+    def _send_loop(self, queue: MessageQueue, abort: threading.Event, poster: BatchPoster) -> None:
         try:
             while (taken := queue.take(self.options.flush_after)) is not None:
                 batch_id, batch = taken

@@ -1,7 +1,8 @@
 """Write key → source: the registry the ingest API authenticates with, loaded from saved ``Source`` blocks.
 
 All Source block documents are read in one API call and cached for ``block_cache_seconds``; an unknown key
-triggers a reload (at most once per ``unknown_key_refresh_seconds``) so a newly saved source works within seconds.
+triggers a reload (at most once per ``unknown_key_refresh_seconds``; a miss inside that interval waits for the next
+reload) so a source saved before a request is always found.
 Keys are looked up by their SHA-256 and the final match is confirmed with ``hmac.compare_digest``.
 
 Write keys are unique across sources. ``register_source`` checks that before saving; a registry that still finds
@@ -188,13 +189,21 @@ class SourceRegistry:
         return None
 
     async def lookup(self, write_key: str) -> SourceInfo | None:
-        """The source a write key belongs to, or None; reloads when stale or (rate-limited) on a miss."""
+        """The source a write key belongs to, or None; reloads when stale or (rate-limited) on a miss.
+
+        A miss inside the rate limit waits for the next allowed reload instead of answering from the stale cache:
+        a source saved just before the request must not be refused (the client would drop the batch on a 401).
+        Waiting also slows down anyone guessing keys.
+        """
         age = time.monotonic() - self._loaded_at
         if age > self.cache_seconds:
             await self.refresh()
             return self._find(write_key)
         found = self._find(write_key)
-        if found is None and age > self.unknown_key_refresh_seconds:
+        if found is None:
+            wait = self.unknown_key_refresh_seconds - age
+            if wait > 0:
+                await asyncio.sleep(wait)
             await self.refresh()
             found = self._find(write_key)
         return found

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 
 import pytest
 
+from prefect_webhooks import sources
 from prefect_webhooks.blocks import Source
 from prefect_webhooks.sources import (
     DuplicateWriteKeyError,
@@ -26,9 +29,16 @@ def test_build_index_refuses_a_shared_key_naming_both_sources_not_the_key() -> N
     assert "'b'" in str(errors[0]) and "'c'" in str(errors[0]) and "shared-key" not in str(errors[0])
 
 
-async def test_registry_lookup_from_loaded_entries() -> None:
-    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=3600)
-    registry.load([("key-a", SourceInfo("a", ("crm",))), ("key-b", SourceInfo("b", enabled=False))])
+async def test_registry_lookup_from_loaded_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = [("key-a", SourceInfo("a", ("crm",))), ("key-b", SourceInfo("b", enabled=False))]
+
+    async def saved_sources() -> list[tuple[str, SourceInfo]]:
+        return entries
+
+    # A miss reloads; here the "saved" sources are the same ones.
+    monkeypatch.setattr(sources, "read_source_entries", saved_sources)
+    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0)
+    registry.load(entries)
     assert await registry.lookup("key-a") == SourceInfo("a", ("crm",))
     assert (await registry.lookup("key-b")).enabled is False
     assert await registry.lookup("key-") is None
@@ -45,14 +55,27 @@ async def test_registry_loads_saved_sources_and_sees_new_ones(prefect_harness: N
     assert await registry.lookup(key) == SourceInfo(name, ("crm", "bi"), True)
 
 
-async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None) -> None:
+async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monkeypatch: pytest.MonkeyPatch) -> None:
     name, key = f"rate-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=3600)
+    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=1.0)
     await registry.refresh()
+    reads = 0
+    real_read = sources.read_source_entries
+
+    async def counting_read() -> list[tuple[str, SourceInfo]]:
+        nonlocal reads
+        reads += 1
+        return await real_read()
+
+    monkeypatch.setattr(sources, "read_source_entries", counting_read)
     await Source(write_key=key).asave(name)
-    assert await registry.lookup(key) is None  # within the rate limit: no reload
-    registry.unknown_key_refresh_seconds = 0
-    assert (await registry.lookup(key)).name == name
+    started = time.monotonic()
+    # Ten lookups of unknown keys at once, one of them just saved: one reload, after the rate limit, finds it.
+    found = await asyncio.gather(registry.lookup(key), *(registry.lookup(f"nobody-{i}") for i in range(9)))
+    waited = time.monotonic() - started
+    assert found[0].name == name and found[1:] == [None] * 9
+    assert reads == 1
+    assert 0.5 < waited < 5, "a miss inside the rate limit waits for the next reload, not longer"
 
 
 async def test_read_source_entries_reads_secrets_in_one_call(prefect_harness: None) -> None:
@@ -78,6 +101,6 @@ async def test_registry_refuses_a_duplicated_key_saved_around_the_check(prefect_
     key = uuid.uuid4().hex
     await Source(write_key=key).asave(f"dup1-{uuid.uuid4().hex[:6]}")
     await Source(write_key=key).asave(f"dup2-{uuid.uuid4().hex[:6]}")
-    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=3600)
+    registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0.1)
     await registry.refresh()
     assert await registry.lookup(key) is None

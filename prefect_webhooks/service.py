@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -89,6 +90,9 @@ class Child:
     command: list[str]
     env: dict[str, str] | None = None
     stop_signal: int = signal.SIGTERM
+    # The runner kills its flow-run processes with SIGKILL when it stops, so their runs would stay "Running" in the
+    # UI. Sent SIGTERM first, a flow-run process reports its run as Crashed and exits.
+    terminate_descendants_first: bool = False
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Child:
@@ -100,11 +104,18 @@ class Child:
         """Whether the process is still alive."""
         return self.process is not None and self.process.poll() is None
 
-    def terminate(self) -> None:
-        """Send the stop signal to the process (not its group: it stops its own children in order)."""
-        if self.running():
-            assert self.process is not None
-            self.process.send_signal(self.stop_signal)
+    def terminate(self, descendants_grace: float = 10.0) -> None:
+        """Send the stop signal to the process (not its group: it stops its own children in order).
+
+        With ``terminate_descendants_first`` its descendants get SIGTERM first and up to ``descendants_grace``
+        seconds to exit.
+        """
+        if not self.running():
+            return
+        assert self.process is not None
+        if self.terminate_descendants_first:
+            terminate_and_wait(descendant_pids(self.process.pid), descendants_grace)
+        self.process.send_signal(self.stop_signal)
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds; True when it exited."""
@@ -116,21 +127,77 @@ class Child:
         except subprocess.TimeoutExpired:
             return False
 
-    def kill_group(self, timeout: float = 5.0) -> None:
-        """SIGKILL the whole process group (the child and anything it left behind) and wait until it is gone."""
+    def kill_group(self, timeout: float = 5.0, term_seconds: float = 10.0) -> None:
+        """Stop what is left of the process group (the child and anything it left behind) and wait until it is gone.
+
+        The group first gets SIGTERM and ``term_seconds`` to exit: a flow-run process left behind by the runner
+        then reports its run as Crashed to Prefect (a SIGKILLed one would stay Running in the UI forever).
+        Whatever is still there after that gets SIGKILL.
+        """
         if self.process is None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.wait(timeout)
+        if self._signal_group(signal.SIGTERM):
+            self.wait(term_seconds)
+            self._wait_group_gone(term_seconds)
+        if self._signal_group(signal.SIGKILL):
+            self.wait(timeout)
+            self._wait_group_gone(timeout)
+
+    def _signal_group(self, signum: int) -> bool:
+        """Send ``signum`` to the group; False when the group no longer exists."""
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, signum)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def _wait_group_gone(self, timeout: float) -> bool:
+        assert self.process is not None
         deadline = time.monotonic() + timeout
-        # Grandchildren (flow-run processes) are reaped by init a moment later.
+        # Grandchildren (flow-run processes) are reaped by init a moment after they exit.
         while time.monotonic() < deadline:
-            try:
-                os.killpg(self.process.pid, 0)
-            except (ProcessLookupError, PermissionError):
-                return
+            if not self._signal_group(0):
+                return True
             time.sleep(0.05)
+        return False
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, grandchildren…), read from ``/proc``; empty where there is none."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name (2nd field) is in parentheses and may hold spaces; the parent pid follows it.
+            fields = entry.read_text().rpartition(")")[2].split()
+            parents[int(entry.parent.name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, its_parent in parents.items() if its_parent == parent]
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def terminate_and_wait(pids: Sequence[int], timeout: float) -> None:
+    """SIGTERM each of ``pids`` and wait up to ``timeout`` seconds for all of them to exit."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_pid_alive(pid) and not _is_zombie(pid) for pid in pids):
+        time.sleep(0.05)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -203,7 +270,8 @@ def stop_children(children: Sequence[Child], grace_seconds: float) -> None:
         if not child.wait(grace_seconds):
             print(f"prefect-webhooks serve: {child.name} did not stop in {grace_seconds:.0f} s; killing it",
                   file=sys.stderr)
-        # Anything left in the group (a flow-run process) goes too; ``serve`` then releases what it had claimed.
+        # Anything left in the group (a flow-run process) goes too, reporting its run as Crashed; ``serve`` then
+        # releases what it had claimed.
         child.kill_group()
 
 
@@ -247,7 +315,9 @@ def serve(
     try:
         wait_for_ingest(f"http://{host}:{port}", children[0])
         # The runner handles SIGINT as a clean stop (SIGTERM makes it exit from inside its signal handler).
-        children.append(Child("deployments", deployments_command(limit), stop_signal=signal.SIGINT).start())
+        children.append(Child(
+            "deployments", deployments_command(limit), stop_signal=signal.SIGINT, terminate_descendants_first=True
+        ).start())
         print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, deployments served", flush=True)
         while not stop.wait(0.5):
             dead = [child for child in children if not child.running()]

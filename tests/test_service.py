@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
+from uuid import UUID
 
 import httpx
 import orjson
@@ -172,14 +173,21 @@ def _outbox_counts() -> dict[str, int]:
         return dict(connection.execute(select(table.c.state, func.count()).group_by(table.c.state)).all())
 
 
-def _start_delivery(service: subprocess.Popen[bytes]) -> None:
-    """Start a deliver run as soon as the service has registered its deployments."""
+def _start_delivery(service: subprocess.Popen[bytes]) -> UUID:
+    """Start a deliver run as soon as the service has registered its deployments; returns the flow run's id."""
     from prefect.deployments import run_deployment
 
     from prefect_webhooks.demo import wait_for_deployments
 
     wait_for_deployments([f"deliver/{DELIVER_DEPLOYMENT}"], service, timeout=120)
-    run_deployment(f"deliver/{DELIVER_DEPLOYMENT}", timeout=0)
+    return run_deployment(f"deliver/{DELIVER_DEPLOYMENT}", timeout=0).id
+
+
+def _flow_run_state(flow_run_id: UUID) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state.type.value
 
 
 @pytest.mark.slow
@@ -224,13 +232,15 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
             )
             assert answer.status_code == 200, answer.text
             assert _outbox_counts() == {PENDING: count}
-            _start_delivery(service)
+            interrupted_run = _start_delivery(service)
             receiver.wait_for(1, timeout=120)
             service.send_signal(signal.SIGTERM)
             assert service.wait(60) == 0, log.read_text()[-3000:]
             # Nothing of the service is left: not the API, not the runner, not a flow-run process.
             time.sleep(1)
             assert not _group_alive(service.pid), log.read_text()[-3000:]
+            # The interrupted run says so in the UI instead of staying "Running".
+            assert _flow_run_state(interrupted_run) == "CRASHED", log.read_text()[-3000:]
         interrupted = _outbox_counts()
         # Stopped mid-batch: every row is delivered (its outcome was recorded) or pending again; none is lost,
         # failed, or still held by the stopped run's lease.

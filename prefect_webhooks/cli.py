@@ -38,10 +38,12 @@ def _configure_ingest(parser: argparse.ArgumentParser) -> None:
 def _run_ingest(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from prefect_webhooks.api import create_app
+    from prefect_webhooks.api import create_app, tune_gc_for_serving
 
+    app = create_app()
+    tune_gc_for_serving()
     uvicorn.run(
-        create_app(),
+        app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -26,7 +25,7 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, Field
-from sqlalchemy import DateTime, and_, bindparam, delete, insert, select
+from sqlalchemy import and_, bindparam, delete, select
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages import MAX_MESSAGE_BYTES, Alias, BaseMessage, MessageError, parse_message
@@ -35,7 +34,7 @@ from prefect_webhooks.payloads import outbound_payload
 from prefect_webhooks.routing import route
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.sources import SourceInfo
-from prefect_webhooks.store import OutboxMessage, SeenMessage, SuppressedUser, get_engine, store_now, to_store_time
+from prefect_webhooks.store import SeenMessage, SuppressedUser, get_engine, insert_rows, store_now, to_store_time
 from prefect_webhooks.timestamps import TimestampError, parse_timestamp, utcnow
 
 logger = logging.getLogger(__name__)
@@ -302,39 +301,6 @@ def _suppressed(connection: Connection, source: str, users: set[str]) -> set[str
     return found
 
 
-def insert_rows(connection: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> int:
-    """Insert many rows of one shape into ``table`` in the caller's transaction; returns how many.
-
-    On SQLite the rows go straight to the driver's ``executemany``: SQLAlchemy's per-row parameter processing
-    (compiling each row's parameters, converting each datetime) cost more than the insert itself at 10,000+
-    calls/s. Other databases get the portable core ``insert``.
-    """
-    if not rows:
-        return 0
-    if connection.dialect.name != "sqlite":
-        connection.execute(insert(table), list(rows))
-        return len(rows)
-    columns = list(rows[0])
-    statement = f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
-    times = [i for i, column in enumerate(columns) if isinstance(table.c[column].type, DateTime)]
-    values = operator.itemgetter(*columns)
-    formatted: dict[datetime, str] = {}
-    parameters = []
-    for row in rows:
-        row_values = list(values(row)) if len(columns) > 1 else [values(row)]
-        for i in times:
-            moment = row_values[i]
-            if moment is not None:
-                text = formatted.get(moment)
-                if text is None:
-                    # SQLAlchemy's own SQLite DATETIME text, so every reader parses and compares it the same way.
-                    text = formatted[moment] = moment.isoformat(sep=" ", timespec="microseconds")
-                row_values[i] = text
-        parameters.append(tuple(row_values))
-    connection.exec_driver_sql(statement, parameters)
-    return len(rows)
-
-
 def _commit_source(
     connection: Connection, source: str, batches: Sequence[PreparedBatch], window: timedelta
 ) -> list[IngestResult]:
@@ -375,10 +341,7 @@ def _commit_source(
             delete(_SEEN).where(and_(_SEEN.c.source == bindparam("s"), _SEEN.c.message_id == bindparam("m"))), expired
         )
     insert_rows(connection, _SEEN, new_seen)
-    if connection.dialect.name == "sqlite":
-        insert_rows(connection, OutboxMessage.__table__, rows)
-    else:
-        add_to_outbox(connection, rows)
+    add_to_outbox(connection, rows)
     return results
 
 

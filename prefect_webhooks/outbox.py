@@ -23,6 +23,7 @@ from prefect_webhooks.store import (
     DeliveryAttempt,
     OutboxMessage,
     get_engine,
+    insert_rows,
     store_now,
     to_store_time,
 )
@@ -66,10 +67,8 @@ def outbox_rows(
 
 
 def add_to_outbox(connection: Connection, rows: Sequence[dict[str, Any]]) -> int:
-    """Insert prepared rows in the caller's transaction; returns how many."""
-    if rows:
-        connection.execute(insert(OutboxMessage.__table__), list(rows))
-    return len(rows)
+    """Insert prepared rows (all of one shape, as ``outbox_rows`` makes them) in the caller's transaction."""
+    return insert_rows(connection, OUTBOX, rows)
 
 
 def enqueue(

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 CLIENTS = ("prefect-webhooks", "segment-analytics-python")
 ENDPOINT_TITLES = {
     "sink": "Endpoint: a counting receiver (aiohttp, own process) on 127.0.0.1: the clients' own limits",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, insert, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.payloads import serialize
@@ -269,8 +269,7 @@ def record_outcomes(
         attempts: ``delivery_attempts`` rows, one per request (or refusal to send one).
     """
     with engine.begin() as connection:
-        if attempts:
-            connection.execute(insert(ATTEMPTS), list(attempts))
+        insert_rows(connection, ATTEMPTS, attempts)
         for group in _same_values(delivered):
             if len(group) == 1:
                 connection.execute(_MARK_DELIVERED, group)

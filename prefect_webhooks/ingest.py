@@ -29,7 +29,7 @@ from sqlalchemy import and_, bindparam, delete, select
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages import MAX_MESSAGE_BYTES, Alias, BaseMessage, MessageError, parse_message
-from prefect_webhooks.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.outbox import add_to_outbox, outbox_row
 from prefect_webhooks.payloads import outbound_payload
 from prefect_webhooks.routing import route
 from prefect_webhooks.settings import get_settings
@@ -188,8 +188,14 @@ def _suppression_keys(message: BaseMessage) -> tuple[str, ...]:
     return (message.user_id,) if message.user_id else ()
 
 
-def prepare_message(raw: dict[str, Any], index: int, source: SourceInfo, received_at: datetime) -> PreparedMessage:
-    """Validate one merged call and build its outbox rows.
+def prepare_message(
+    raw: dict[str, Any],
+    index: int,
+    source: SourceInfo,
+    received_at: datetime,
+    stored_at: datetime | None = None,
+) -> PreparedMessage:
+    """Validate one merged call and build its outbox rows (``stored_at``: ``received_at`` as store time).
 
     Raises:
         MessageError: the call breaks a rule.
@@ -202,9 +208,8 @@ def prepare_message(raw: dict[str, Any], index: int, source: SourceInfo, receive
     rows: list[dict[str, Any]] = []
     if destinations:
         # The body is serialised once and shared by every destination's row.
-        first = outbox_rows(
-            destinations[0], [payload], source=source.name, message_ids=[message.message_id], now=received_at
-        )[0]
+        first = outbox_row(destinations[0], payload, source=source.name, message_id=message.message_id,
+                           stored_at=stored_at or to_store_time(received_at))
         rows = [first, *({**first, "destination": name} for name in destinations[1:])]
     return PreparedMessage(index, message.message_id, _suppression_keys(message), rows)
 
@@ -243,6 +248,7 @@ def prepare_batch(
         except TimestampError as exc:
             raise EnvelopeError("invalid_batch", f"batch-level sentAt: {exc}") from None
     batch = PreparedBatch(source=source, received_at=received_at)
+    stored_at = to_store_time(received_at)
     for offset, raw in enumerate(raw_messages):
         index = first_index + offset
         try:
@@ -265,7 +271,7 @@ def prepare_batch(
             continue
         try:
             merged = merge_batch_fields(raw, context, integrations, sent_at)
-            batch.messages.append(prepare_message(merged, index, source, received_at))
+            batch.messages.append(prepare_message(merged, index, source, received_at, stored_at))
         except MessageError as exc:
             batch.rejected.append(Rejection(index=index, field=exc.field, reason=exc.reason))
         except TypeError as exc:

@@ -37,6 +37,24 @@ def payload_user(payload: dict[str, Any]) -> str | None:
     return payload.get("userId") or payload.get("User ID") or payload.get("anonymousId")
 
 
+def outbox_row(
+    destination: str, payload: dict[str, Any], *, source: str | None, message_id: str | None, stored_at: datetime
+) -> dict[str, Any]:
+    """One row for ``payload`` bound to ``destination``, due at ``stored_at`` (naive UTC); the body serialised here."""
+    return {
+        "destination": destination,
+        "source": source,
+        "message_type": payload["type"],
+        "message_id": message_id,
+        "user_id": payload_user(payload),
+        "body": serialize(payload),
+        "state": PENDING,
+        "attempts": 0,
+        "created_at": stored_at,
+        "next_attempt_at": stored_at,
+    }
+
+
 def outbox_rows(
     destination: str,
     payloads: Iterable[dict[str, Any]],
@@ -46,24 +64,12 @@ def outbox_rows(
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Rows for ``payloads`` bound to ``destination``, due at once; each body serialised here, once."""
-    now = to_store_time(now) if now else store_now()
-    rows = []
-    for index, payload in enumerate(payloads):
-        rows.append(
-            {
-                "destination": destination,
-                "source": source,
-                "message_type": payload["type"],
-                "message_id": message_ids[index] if message_ids else None,
-                "user_id": payload_user(payload),
-                "body": serialize(payload),
-                "state": PENDING,
-                "attempts": 0,
-                "created_at": now,
-                "next_attempt_at": now,
-            }
-        )
-    return rows
+    stored_at = to_store_time(now) if now else store_now()
+    return [
+        outbox_row(destination, payload, source=source, message_id=message_ids[index] if message_ids else None,
+                   stored_at=stored_at)
+        for index, payload in enumerate(payloads)
+    ]
 
 
 def add_to_outbox(connection: Connection, rows: Sequence[dict[str, Any]]) -> int:

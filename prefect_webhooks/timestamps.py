@@ -53,10 +53,12 @@ def parse_timestamp(value: str | datetime) -> datetime:
 
 def format_timestamp(value: datetime) -> str:
     """Format as the outbound wire wants it: UTC, millisecond precision, ``Z`` suffix."""
-    if value.tzinfo is not None:
-        value = value.astimezone(timezone.utc).replace(tzinfo=None)
     # isoformat, not strftime: it pads years before 1000 to four digits and costs half as much per call.
-    return value.isoformat(timespec="milliseconds") + "Z"
+    if value.tzinfo is None:
+        return value.isoformat(timespec="milliseconds") + "Z"
+    if value.tzinfo is not timezone.utc:
+        value = value.astimezone(timezone.utc)
+    return value.isoformat(timespec="milliseconds")[:-6] + "Z"  # "+00:00" → "Z"
 
 
 def utcnow() -> datetime:

@@ -177,7 +177,8 @@ def find_audience(definition: AudienceDefinition, connection: Connection) -> tup
         key = row.key if row is not None else snake_case(definition.name)
         if row is None:
             row = connection.execute(select(*columns).where(AUDIENCES.c.key == key)).first()
-            if row is not None:
+            # The same name found by key: a concurrent sync created this audience between the two reads.
+            if row is not None and row.name != definition.name:
                 raise AudienceError(
                     f"audience {definition.name!r} would have key {key!r}, which audience {row.name!r} already has; "
                     "choose another name"

@@ -30,7 +30,12 @@ from deployments.serve import (
 )
 from prefect_webhooks.metrics import backlog_snapshot
 from prefect_webhooks.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.service import dead_local_owners, release_dead_local_leases
+from prefect_webhooks.service import (
+    dead_local_owners,
+    descendant_pids,
+    release_dead_local_leases,
+    terminate_and_wait,
+)
 from prefect_webhooks.settings import WebhooksSettings
 from prefect_webhooks.store import DELIVERED, PENDING, OutboxMessage, get_engine, store_now
 from tests.receivers import Receiver
@@ -50,6 +55,28 @@ def test_dead_local_owners_are_only_gone_processes_of_this_host() -> None:
     alive, dead = f"{host}:{os.getpid()}:aa", f"{host}:{_dead_pid()}:bb"
     elsewhere = f"another-host:{_dead_pid()}:cc"
     assert dead_local_owners([alive, dead, elsewhere, "not-an-owner"]) == [dead]
+
+
+def test_descendants_are_found_and_terminated() -> None:
+    # A parent that starts a grandchild (sleep) and waits: both are descendants of the parent.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '60'])"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendant_pids(parent.pid)) < 1:
+            assert time.monotonic() < deadline, "the grandchild never started"
+            time.sleep(0.05)
+        [grandchild] = descendant_pids(parent.pid)
+        assert descendant_pids(os.getpid()).count(parent.pid) == 1 and grandchild in descendant_pids(os.getpid())
+        terminate_and_wait([grandchild], timeout=10)
+        # The grandchild got SIGTERM and is gone; its parent (not signalled) then exits on its own.
+        assert parent.wait(10) == 0
+        assert descendant_pids(parent.pid) == []
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(10)
 
 
 def test_release_dead_local_leases(store_url: str) -> None:

@@ -83,7 +83,10 @@ class WebhooksSettings(BaseSettings):
     unknown_key_refresh_seconds: float = Field(
         default=1.0,
         ge=0,
-        description="Least time between two source reloads triggered by an unknown write key.",
+        description=(
+            "Least time between two source reloads triggered by an unknown write key; a request with an unknown key "
+            "waits for the next reload, so a source saved just before it is found."
+        ),
     )
     dedupe_window_seconds: float = Field(
         default=24 * 3600.0, gt=0, description="How long a messageId is remembered per source."

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,25 @@ def deployments_command(limit: int | None = None) -> list[str]:
     return command
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent(signum: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send ``signum`` to the child when its parent dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only makes the call
+    supervisor = os.getpid()
+
+    def set_death_signal() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signum)
+        if os.getppid() != supervisor:
+            # The supervisor died between fork and prctl: nobody will send the signal, so do not start at all.
+            os._exit(1)
+
+    return set_death_signal
+
+
 @dataclass
 class Child:
     """A supervised child process, started in its own process group."""
@@ -97,8 +117,14 @@ class Child:
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Child:
-        """Start the process in a new session so terminal signals reach only the supervisor."""
-        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+        """Start the process in a new session so terminal signals reach only the supervisor.
+
+        On Linux the child also gets its stop signal when the supervisor dies (``PR_SET_PDEATHSIG``): a killed
+        ``serve`` must not leave an ingest API holding its port, or a runner still starting flow runs.
+        """
+        self.process = subprocess.Popen(
+            self.command, env=self.env, start_new_session=True, preexec_fn=stop_with_parent(self.stop_signal)
+        )
         return self
 
     def running(self) -> bool:

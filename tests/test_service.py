@@ -181,6 +181,11 @@ def running_service(env: dict[str, str], port: int, log: Path) -> Iterator[subpr
             time.sleep(0.2)
         yield process
     finally:
+        # A clean stop first, so the API and the runner (each in its own session) stop with the service.
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                process.wait(60)
         with suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
@@ -284,3 +289,43 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
                 time.sleep(0.5)
         users = {orjson.loads(request.body)["userId"] for request in receiver.requests}
         assert users == {f"u{i}" for i in range(count)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_a_killed_service_takes_its_parts_down(prefect_harness: None, store_url: str, tmp_path: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
+        "PREFECT_WEBHOOKS_HOME": str(tmp_path),
+        "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "3600",
+        "PYTHONPATH": str(ROOT),
+    }
+    log = tmp_path / "service.log"
+    with running_service(env, port, log) as service:
+        deadline = time.monotonic() + 60
+        while len(parts := descendant_pids(service.pid)) < 2:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        # SIGKILL: the supervisor gets no chance to stop its parts; the kernel's parent-death signal must.
+        service.kill()
+        service.wait(10)
+        deadline = time.monotonic() + 60
+        while alive := [pid for pid in parts if _pid_running(pid)]:
+            assert time.monotonic() < deadline, f"still running after the service was killed: {alive}"
+            time.sleep(0.2)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

@@ -30,6 +30,7 @@ from prefect_webhooks.client_transport import DeliveryError
 from prefect_webhooks.messages import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import OutboxMessage, get_engine
+from prefect_webhooks.timestamps import parse_timestamp
 from tests.receivers import ReceivedRequest, Receiver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,8 +285,11 @@ def test_transient_failures_are_retried_until_delivered(failure: Any) -> None:
         requests = receiver.requests
     assert len(requests) == 3
     assert [[m["messageId"] for m in body_of(r)["batch"]] for r in requests] == [ids] * 3
-    sent_at = [body_of(r)["sentAt"] for r in requests]
-    assert len(set(sent_at)) == 3, "sentAt is set again on every attempt"
+    # sentAt is set again for every attempt: each retry's sentAt is no earlier than the previous attempt's arrival
+    # (1 ms for the millisecond resolution), which a reused value cannot be. Timing-free: a retry may follow in <1 ms.
+    sent_at = [parse_timestamp(body_of(r)["sentAt"]).timestamp() for r in requests]
+    for previous, request, sent in zip(requests, requests[1:], sent_at[1:], strict=False):
+        assert previous.at - 0.001 <= sent <= request.at + 0.001, "sentAt is set again on every attempt"
     assert recorder.errors == []
     assert [[m["messageId"] for m in batch] for batch in recorder.successes] == [ids]
 

@@ -190,16 +190,31 @@ class Child:
         return False
 
 
+def _stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a ``/proc/<pid>/stat`` file after the command name, or None when the process is gone.
+
+    The command name (2nd field) is in parentheses and may hold spaces, so the fields start after the last ``)``:
+    the state first, then the parent pid.
+    """
+    try:
+        return stat.read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie waiting to be reaped counts as exited)."""
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return bool(fields) and fields[0] != "Z"
+
+
 def descendant_pids(pid: int) -> list[int]:
     """The processes below ``pid`` (children, grandchildren…), read from ``/proc``; empty where there is none."""
     parents: dict[int, int] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # The command name (2nd field) is in parentheses and may hold spaces; the parent pid follows it.
-            fields = entry.read_text().rpartition(")")[2].split()
-            parents[int(entry.parent.name)] = int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat_fields(stat)
+        if fields and len(fields) > 1 and fields[1].isdigit():
+            parents[int(stat.parent.name)] = int(fields[1])
     found: list[int] = []
     frontier = [pid]
     while frontier:
@@ -216,15 +231,8 @@ def terminate_and_wait(pids: Sequence[int], timeout: float) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_pid_alive(pid) and not _is_zombie(pid) for pid in pids):
+    while time.monotonic() < deadline and any(process_running(pid) for pid in pids):
         time.sleep(0.05)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _pid_alive(pid: int) -> bool:

@@ -60,6 +60,9 @@ def test_claim_leases_due_rows_oldest_first_up_to_the_limit(store_url: str) -> N
     for row in claimed:
         assert leased[row.id].lease_owner == "worker-a"
         assert leased[row.id].lease_expires_at > store_now() + timedelta(seconds=50)
+    # With room for every row, the claim still leaves out the one that is not due (and the ones already leased).
+    rest = claim_due_deliveries(engine, 10, "worker-b", lease_seconds=60)
+    assert {row.id for row in rest} == {1, 2, 3, 4, 5} - {1} - {row.id for row in claimed}
 
 
 def test_a_live_lease_keeps_other_claimers_away_until_it_expires(store_url: str) -> None:

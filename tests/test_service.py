@@ -33,6 +33,7 @@ from prefect_webhooks.outbox import add_to_outbox, outbox_rows
 from prefect_webhooks.service import (
     dead_local_owners,
     descendant_pids,
+    process_running,
     release_dead_local_leases,
     terminate_and_wait,
 )
@@ -316,16 +317,9 @@ def test_a_killed_service_takes_its_parts_down(prefect_harness: None, store_url:
         service.kill()
         service.wait(10)
         deadline = time.monotonic() + 60
-        while alive := [pid for pid in parts if _pid_running(pid)]:
+        while alive := [pid for pid in parts if process_running(pid)]:
             assert time.monotonic() < deadline, f"still running after the service was killed: {alive}"
             time.sleep(0.2)
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
-
-def _pid_running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"

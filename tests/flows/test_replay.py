@@ -65,3 +65,35 @@ async def test_replay_puts_back_only_the_selected_failures_and_they_are_delivere
                   "offset": 0, "sort": "CREATED_DESC"})
     (artifact,) = response.json()
     assert orjson.loads(artifact["data"])[0]["replayed"] == 3
+
+
+async def test_replay_of_filtered_messages_applies_the_current_rules(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", "0")
+    get_settings.cache_clear()
+    name = f"replay-{uuid.uuid4().hex[:8]}"
+    too_strict = [{"name": "only-u1", "action": "allow", "conditions": [{"field": "userId", "equals": "u1"}]}]
+    with Receiver() as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}], filters=too_strict).save(name)
+        enqueue(name, [track(n) for n in range(3)])
+        summary = await deliver(destination=name)
+        assert (summary["delivered"], summary["filtered"]) == (1, 2)
+        # Failed-message replay leaves filtered ones alone.
+        assert await replay(name) == 0
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name, overwrite=True)
+        state = await replay(name, filtered=True, reason_prefix="filtered: allow rule 'only-u1'", return_state=True)
+        assert await state.result() == 2
+        assert [row.state for row in outbox()] == [PENDING, DELIVERED, PENDING]
+        assert (await deliver(destination=name))["delivered"] == 2
+    assert [row.state for row in outbox()] == [DELIVERED] * 3
+    assert sorted(orjson.loads(r.body)["userId"] for r in receiver.requests) == ["u0", "u1", "u2"]
+    async with get_client() as client:
+        response = await client.request(
+            "POST", "/artifacts/filter",
+            json={"artifacts": {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}, "limit": 10,
+                  "offset": 0, "sort": "CREATED_DESC"})
+    (artifact,) = response.json()
+    assert orjson.loads(artifact["data"])[0] == {
+        "destination": name, "created_after": "", "created_before": "",
+        "reason_prefix": "filtered: allow rule 'only-u1'", "state": "filtered", "replayed": 2}

@@ -286,15 +286,8 @@ class WebhookDestination(Block):
         window: timedelta | float = DEFAULT_ROTATION_WINDOW,
         force: bool = False,
     ) -> SecretStr:
-        """Replace the shared secret with no downtime and save the block (async form of ``rotate_secret``).
-
-        Args:
-            new_secret: The new secret; a generated ``whsec_`` secret when None.
-            window: How long the old secret stays valid (a timedelta or seconds; 24 h by default). During it
-                ``X-Signature`` is still made with the old secret and ``webhook-signature`` carries both; at its end
-                the new secret takes over and the old one is removed from the saved block. ``0`` switches at once
-                (a leaked secret).
-            force: Start a new rotation even while one is in progress (the oldest secret is dropped at once).
+        """Replace the shared secret with no downtime and save the block: the async form of ``rotate_secret``, which
+        describes the arguments.
 
         Returns:
             The new secret.

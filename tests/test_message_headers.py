@@ -42,6 +42,7 @@ TRANSPORT_HEADERS = {"Host", "Accept", "Accept-Encoding", "Content-Length"}
 
 @pytest.fixture
 def fast(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Short backoff; every batch reads the block again, as a delivery process does once its cache entry ages out."""
     monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.05")
     monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_MAX_DELAY", "0.1")
     monkeypatch.setenv("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", "0")

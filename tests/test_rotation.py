@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import io
+import sys
 import time
 import uuid
 
@@ -19,6 +21,7 @@ from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.cli import main
 from prefect_webhooks.delivery import deliver_due
 from prefect_webhooks.outbox import OUTBOX, enqueue
+from prefect_webhooks.rotation import finish_rotations
 from prefect_webhooks.signing import sign, verify
 from prefect_webhooks.store import DELIVERED, FAILED, get_engine
 from tests.receivers import Receiver
@@ -199,3 +202,19 @@ def test_rotate_secret_command_needs_a_source_for_the_secret(capsys: pytest.Capt
     with pytest.raises(SystemExit):
         main(["rotate-secret", "anything"])
     assert "one of the arguments --generate --from-env --from-stdin is required" in capsys.readouterr().err
+
+
+def test_rotate_secret_command_reads_the_secret_from_stdin_and_finish_rotations_ends_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = cli_destination()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("stdin-new-secret\n"))
+    assert main(["rotate-secret", name, "--from-stdin", "--window", "1"]) == 0
+    assert "stdin-new-secret" not in capsys.readouterr().out
+    block = WebhookDestination.load(name)
+    assert (block.secret(), block.previous_secret.get_secret_value()) == ("stdin-new-secret", "cli-old-secret")
+    time.sleep(max(0.0, block.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
+    # The synchronous form of what every deliver run does.
+    assert name in finish_rotations()
+    assert WebhookDestination.load(name).previous_secret is None
+    assert name not in finish_rotations()

@@ -1,6 +1,6 @@
 """Delivery throughput: N signed messages through the outbox to a local receiver, against a raw aiohttp loop.
 
-    .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow]
+    .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow] [--variants]
 
 The receiver is nginx answering 200 (``/work/shared/bench/nginx-sink``), or a fast aiohttp server in another
 process when nginx cannot be started. In the same run it measures:
@@ -11,6 +11,8 @@ process when nginx cannot be started. In the same run it measures:
 3. with ``--flow``: the same through the Prefect ``deliver`` flow (one task run per batch) on a temporary
    Prefect server. Like the raw loop, it gets a warm-up first (a flow run of 2,000 messages: the process's first
    flow run also pays for Prefect's client start-up); that cold run's figure is printed too.
+4. with ``--variants``: ``deliver_due`` again for a destination that also signs the Standard Webhooks way, and for
+   one with three filter rules that every message passes (each rule evaluated, nothing dropped): what those cost.
 """
 
 from __future__ import annotations
@@ -135,7 +137,18 @@ def count_delivered(url: str) -> int:
         return connection.execute(select(func.count()).where(OUTBOX.c.state == DELIVERED)).scalar_one()
 
 
-async def ours(url: str, sink_url: str, payloads: list[dict], batch_size: int, parallel: int) -> tuple[float, float]:
+# Rules that every bench message passes, so each one is evaluated on every message.
+PASSING_FILTERS = [
+    {"name": "no-debug", "action": "drop", "events": ["Debug Ping"]},
+    {"name": "no-internal", "action": "drop", "conditions": [{"field": "properties.internal", "equals": True}]},
+    {"name": "orders", "action": "allow", "match": "any", "types": ["identify"],
+     "conditions": [{"field": "properties.currency", "in": ["EUR", "USD"]}]},
+]
+
+
+async def ours(
+    url: str, sink_url: str, payloads: list[dict], batch_size: int, parallel: int, **block_options: object
+) -> tuple[float, float]:
     """End to end through the outbox with ``deliver_due`` (no Prefect); messages/s and CPU µs per message."""
     from prefect_webhooks.blocks import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
@@ -143,7 +156,8 @@ async def ours(url: str, sink_url: str, payloads: list[dict], batch_size: int, p
     from prefect_webhooks.store import get_engine
 
     enqueue("bench", payloads, engine=get_engine(url))
-    block = WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}], shared_secret="s3cret")
+    options = {"shared_secret": "s3cret", **block_options}
+    block = WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}], **options)
     async with Sender() as sender:
         context = DeliveryContext(get_engine(url), sender)
         context.destinations.remember("bench", block)
@@ -181,6 +195,8 @@ def main() -> None:
     parser.add_argument("--parallel-batches", type=int, default=2)
     parser.add_argument("--port", type=int, default=18931)
     parser.add_argument("--flow", action="store_true", help="also run the Prefect deliver flow (temporary server)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also deliver_due with Standard Webhooks signing, and with filter rules")
     args = parser.parse_args()
     os.environ["PREFECT_WEBHOOKS_DELIVERY_CONCURRENCY"] = str(args.concurrency)
 
@@ -197,6 +213,16 @@ def main() -> None:
         rate, cpu = asyncio.run(ours(fresh_store(Path(folder), "plain.db"), sink.url, payloads, args.batch_size,
                                      args.parallel_batches))
         report("prefect-webhooks deliver_due (outbox)", rate, cpu, ceiling)
+        if args.variants:
+            from prefect_webhooks.signing import generate_secret
+
+            variants = {"+ Standard Webhooks signatures": {"shared_secret": generate_secret(),
+                                                           "standard_webhooks": True},
+                        "+ 3 filter rules, all passed": {"filters": PASSING_FILTERS}}
+            for number, (label, options) in enumerate(variants.items()):
+                rate, cpu = asyncio.run(ours(fresh_store(Path(folder), f"variant{number}.db"), sink.url, payloads,
+                                             args.batch_size, args.parallel_batches, **options))
+                report(f"deliver_due {label}", rate, cpu, ceiling)
         if args.flow:
             from prefect.testing.utilities import prefect_test_harness
 

@@ -1,7 +1,8 @@
 """The ``deliver`` flow: claim due outbox messages in batches and deliver each batch in one task run.
 
 Run it once to drain what is due, or with ``run_for_seconds`` to keep delivering in near real time (it claims
-again every ``idle_sleep`` seconds while nothing is due). Each run publishes one table artifact per endpoint.
+again every ``idle_sleep`` seconds while nothing is due). Each run publishes one table artifact per endpoint, one
+per destination whose filters dropped messages, and ends the secret rotations whose window is over.
 """
 
 from __future__ import annotations
@@ -15,12 +16,21 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.logging import get_run_logger
 
 from prefect_webhooks.delivery import DeliveryStats, deliver_due, delivery_task
+from prefect_webhooks.rotation import afinish_rotations
+
+
+def _slug(destination: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", destination.lower()).strip("-")[:40] or "destination"
 
 
 def artifact_key(destination: str, url: str) -> str:
     """A stable artifact key per endpoint, so the UI shows each endpoint's history across runs."""
-    slug = re.sub(r"[^a-z0-9]+", "-", destination.lower()).strip("-")[:40] or "destination"
-    return f"delivery-{slug}-{hashlib.sha1(url.encode()).hexdigest()[:10]}"
+    return f"delivery-{_slug(destination)}-{hashlib.sha1(url.encode()).hexdigest()[:10]}"
+
+
+def filtered_artifact_key(destination: str) -> str:
+    """A stable artifact key per destination for what its filters dropped."""
+    return f"filtered-{_slug(destination)}-{hashlib.sha1(destination.encode()).hexdigest()[:10]}"
 
 
 async def publish_endpoint_artifacts(stats: DeliveryStats) -> int:
@@ -37,6 +47,37 @@ async def publish_endpoint_artifacts(stats: DeliveryStats) -> int:
             ),
         )
     return len(stats.endpoints)
+
+
+async def publish_filtered_artifacts(stats: DeliveryStats) -> int:
+    """One table artifact per destination whose filters dropped messages in this run: a row per rule."""
+    by_destination: dict[str, list[dict[str, Any]]] = {}
+    for (destination, reason), count in sorted(stats.filtered_by_rule.items()):
+        by_destination.setdefault(destination, []).append(
+            {"destination": destination, "rule": reason.removeprefix("filtered: "), "filtered": count})
+    for destination, rows in by_destination.items():
+        await acreate_table_artifact(
+            table=rows,
+            key=filtered_artifact_key(destination),
+            description=(
+                f"Messages of destination {destination!r} that its filter rules dropped in this run (never sent; "
+                "their outbox rows are in the filtered state)."
+            ),
+        )
+    return len(by_destination)
+
+
+async def finish_ended_rotations() -> list[str]:
+    """Remove previous secrets whose rotation window has ended from the saved blocks; never fails the run."""
+    try:
+        finished = await afinish_rotations()
+    except Exception as exc:
+        # The old secret is not used after its window whatever happens here; the next run tries again.
+        get_run_logger().warning("could not finish secret rotations: %s", type(exc).__name__)
+        return []
+    for name in finished:
+        get_run_logger().info("secret rotation of %r finished: the previous secret is removed", name)
+    return finished
 
 
 @flow(name="deliver", log_prints=False)
@@ -61,7 +102,7 @@ async def deliver(
         idle_sleep: Seconds between claims while nothing is due (continuous mode).
 
     Returns:
-        Message counts: delivered, failed, rescheduled, batches.
+        Message counts: delivered, failed, rescheduled, filtered, batches.
     """
     stats = await deliver_due(
         destination=destination,
@@ -74,6 +115,8 @@ async def deliver(
         run_batch=delivery_task(),
     )
     await publish_endpoint_artifacts(stats)
+    await publish_filtered_artifacts(stats)
+    await finish_ended_rotations()
     summary = stats.summary()
     get_run_logger().info("deliver: %s", summary)
     return summary

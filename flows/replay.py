@@ -17,6 +17,7 @@ async def replay(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     reason_prefix: str | None = None,
+    filtered: bool = False,
 ) -> int:
     """Put failed messages of ``destination`` back to pending, due now.
 
@@ -28,12 +29,15 @@ async def replay(
         created_after: Only messages created at or after this time.
         created_before: Only messages created before this time.
         reason_prefix: Only messages whose failure reason starts with this, e.g. ``expired`` or ``permanent``.
+        filtered: Put back messages a destination filter dropped instead of failed ones, e.g. after a rule was
+            changed (``reason_prefix`` can pick one rule: ``filtered: drop rule 'internal'``).
 
     Returns:
         How many messages were put back.
     """
     count = replay_failed(
-        destination, created_after=created_after, created_before=created_before, reason_prefix=reason_prefix
+        destination, created_after=created_after, created_before=created_before, reason_prefix=reason_prefix,
+        filtered=filtered,
     )
     await acreate_table_artifact(
         table=[
@@ -42,11 +46,13 @@ async def replay(
                 "created_after": created_after.isoformat() if created_after else "",
                 "created_before": created_before.isoformat() if created_before else "",
                 "reason_prefix": reason_prefix or "",
+                "state": "filtered" if filtered else "failed",
                 "replayed": count,
             }
         ],
         key="replay",
-        description=f"Failed messages of {destination!r} put back into the outbox.",
+        description=f"{'Filtered' if filtered else 'Failed'} messages of {destination!r} put back into the outbox.",
     )
-    get_run_logger().info("replay: %d failed message(s) of %r are pending again", count, destination)
+    get_run_logger().info("replay: %d %s message(s) of %r are pending again", count,
+                          "filtered" if filtered else "failed", destination)
     return count

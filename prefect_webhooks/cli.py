@@ -80,6 +80,11 @@ COMMANDS: list[Command] = [
         *_lazy("metrics", "configure_status", "run_status"),
     ),
     Command("demo", "Run the end-to-end demo on embedded defaults.", *_lazy("demo", "configure_demo", "run_demo_cli")),
+    Command(
+        "rotate-secret",
+        "Rotate a destination's shared secret with no downtime (the old one stays valid for a window).",
+        *_lazy("rotation", "configure_rotate_secret", "run_rotate_secret"),
+    ),
 ]
 
 

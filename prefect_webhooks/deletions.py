@@ -4,7 +4,7 @@ What one request does, in one transaction (after the Source blocks have been rea
 
 1. Affected sources: the ones the request names, or else every source that has outbox rows for the user.
 2. Purge, so delivery records keep no personal data:
-   - delivered and failed rows of the user: ``body``, ``user_id`` and ``message_id`` set to NULL;
+   - delivered, failed and filtered rows of the user: ``body``, ``user_id`` and ``message_id`` set to NULL;
    - pending rows of the user (not yet sent): dropped, i.e. ``failed`` with reason ``purged`` and the same NULLs,
      because sending a deleted user's data after the deletion request would defeat it;
    - pending ``delete`` notifications (of an earlier request) are left alone: they are the one thing still owed;
@@ -37,6 +37,7 @@ from prefect_webhooks.payloads import delete_payload
 from prefect_webhooks.store import (
     DELIVERED,
     FAILED,
+    FILTERED,
     PENDING,
     AudienceState,
     DeletionRequest,
@@ -167,7 +168,7 @@ def purge_user(connection: Connection, user_id: str, reason: str) -> tuple[int, 
     ).rowcount
     purged = connection.execute(
         update(OUTBOX)
-        .where(OUTBOX.c.user_id == user_id, OUTBOX.c.state.in_((DELIVERED, FAILED)), not_(owed))
+        .where(OUTBOX.c.user_id == user_id, OUTBOX.c.state.in_((DELIVERED, FAILED, FILTERED)), not_(owed))
         .values(**cleared)
     ).rowcount
     state_rows = connection.execute(delete(STATE).where(STATE.c.user_id == user_id)).rowcount

@@ -32,8 +32,15 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from prefect_webhooks.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
-from prefect_webhooks.destinations import DestinationCache, DestinationNotFound, ResolvedDestination
+from prefect_webhooks.destinations import (
+    DestinationCache,
+    DestinationNotFound,
+    InvalidDestination,
+    ResolvedDestination,
+)
 from prefect_webhooks.events import emit_delivery_failed
+from prefect_webhooks.filters import split_filtered
+from prefect_webhooks.message_headers import message_key_prefix
 from prefect_webhooks.network import BlockedAddressError, delivery_connector
 from prefect_webhooks.outbox import (
     Claimed,
@@ -57,8 +64,7 @@ from prefect_webhooks.retry import (
     task_retry_delays,
 )
 from prefect_webhooks.settings import WebhooksSettings, get_settings
-from prefect_webhooks.signing import SIGNATURE_HEADER, sign
-from prefect_webhooks.store import get_engine, store_now
+from prefect_webhooks.store import get_engine, store_key, store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 
@@ -179,19 +185,18 @@ class Sender:
         return RequestResult(url, attempted_at, classify_status(status), status=status, latency_ms=_ms(started),
                              retry_after=retry_after)
 
-    async def send(self, destination: ResolvedDestination, body: bytes) -> list[RequestResult]:
-        """Send one message to every URL of its destination at once (fan-out)."""
-        headers_extra = {SIGNATURE_HEADER: sign(body, destination.secret)} if destination.secret else None
+    async def send(self, destination: ResolvedDestination, body: bytes, key: str) -> list[RequestResult]:
+        """Send one message (stable id ``key``) to every URL of its destination at once (fan-out)."""
+        headers_extra = destination.signer.headers(body, key)
         requests = []
         for endpoint in destination.endpoints:
-            headers = {**endpoint.headers, **headers_extra} if headers_extra else endpoint.headers
-            requests.append(self.post(endpoint.url, body, headers))
+            requests.append(self.post(endpoint.url, body, {**endpoint.headers, **headers_extra}))
         if len(requests) == 1:
             return [await requests[0]]
         return list(await asyncio.gather(*requests))
 
-    async def send_all(self, items: Sequence[tuple[ResolvedDestination, bytes]]) -> list[list[RequestResult]]:
-        """Send many messages; results in the same order.
+    async def send_all(self, items: Sequence[tuple[ResolvedDestination, bytes, str]]) -> list[list[RequestResult]]:
+        """Send many ``(destination, body, message id)``; results in the same order.
 
         A fixed set of workers pulls from the list instead of one task per message: 500 waiting tasks cost the
         event loop more than the requests themselves.
@@ -201,8 +206,8 @@ class Sender:
 
         async def worker() -> None:
             for index in pending:
-                destination, body = items[index]
-                results[index] = await self.send(destination, body)
+                destination, body, key = items[index]
+                results[index] = await self.send(destination, body, key)
 
         workers = min(self.settings.delivery_concurrency, len(items))
         if workers:
@@ -267,8 +272,11 @@ class DeliveryStats:
     delivered: int = 0
     failed: int = 0
     rescheduled: int = 0
+    filtered: int = 0
     batches: int = 0
     endpoints: dict[tuple[str, str], EndpointStats] = field(default_factory=dict)
+    filtered_by_rule: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Filtered messages per (destination, reason naming the rule)."""
 
     def add_requests(self, destination: str, results: Sequence[RequestResult]) -> None:
         """Count requests (2xx → delivered, retryable → retried, permanent → failed) and their latencies."""
@@ -287,7 +295,7 @@ class DeliveryStats:
     def summary(self) -> dict[str, int]:
         """Message counts for logs and flow results."""
         return {"delivered": self.delivered, "failed": self.failed, "rescheduled": self.rescheduled,
-                "batches": self.batches}
+                "filtered": self.filtered, "batches": self.batches}
 
 
 class ClaimedBatch:
@@ -325,6 +333,8 @@ class DeliveryContext:
         self.destinations = destinations or DestinationCache()
         self.settings = settings or get_settings()
         self.stats = DeliveryStats()
+        self.key_prefix: str | None = None
+        """``msg_<store key>_``: message ids are this plus the outbox id (read from the store once)."""
 
     def __repr__(self) -> str:
         return f"DeliveryContext(owner={self.owner!r})"
@@ -369,6 +379,7 @@ class BatchResult:
     delivered: int = 0
     failed: int = 0
     rescheduled: int = 0
+    filtered: int = 0
     held: list[int] = field(default_factory=list)
     """Rows kept leased for an in-process retry."""
 
@@ -383,6 +394,7 @@ class BatchWrites:
         self.attempts: list[dict[str, Any]] = []
         self.failures: list[tuple[Claimed, str, int]] = []
         self.held: list[int] = []
+        self.filtered: list[dict[str, Any]] = []
 
     def fail(self, row: Claimed, reason: str, attempts: int, first_attempt_at: datetime | None) -> None:
         """Mark ``row`` failed for good (an event is emitted once the batch is recorded)."""
@@ -465,6 +477,10 @@ async def _resolve_all(
             resolved[name] = await context.destinations.get(name)
         except DestinationNotFound:
             resolved[name] = None
+        except InvalidDestination as exc:
+            # Saved bypassing validation (API, UI): the rows wait until the block is fixed.
+            unavailable[name] = str(exc)
+            logger.warning("%s", unavailable[name])
         except Exception as exc:
             # Prefect API briefly unreachable: try these rows again later, not a reason to fail them.
             unavailable[name] = f"destination block {name!r} could not be loaded: {type(exc).__name__}"
@@ -481,6 +497,18 @@ async def _resolve_all(
         else:
             ready.append((row, destination))
     return ready, deferred
+
+
+def _drop_filtered(
+    ready: list[tuple[Claimed, ResolvedDestination]], writes: BatchWrites, stats: DeliveryStats
+) -> list[tuple[Claimed, ResolvedDestination]]:
+    """Take out the messages a destination filter drops: they end ``filtered`` with the rule as reason, unsent."""
+    send, dropped = split_filtered(ready, lambda item: item[0].body, lambda item: item[1].filters)
+    for (row, destination), reason in dropped:
+        writes.filtered.append({"b_id": row.id, "b_reason": reason})
+        key = (destination.name, reason)
+        stats.filtered_by_rule[key] = stats.filtered_by_rule.get(key, 0) + 1
+    return send
 
 
 def _log_timeouts(results_by_row: Sequence[Sequence[RequestResult]], log: Any) -> None:
@@ -537,7 +565,13 @@ async def process_batch(
         await store_call(settings, release_leases, engine, not_due, context.owner)
 
     ready, deferred = await _resolve_all(due, context, writes)
-    results_by_row = await context.sender.send_all([(destination, row.body) for row, destination in ready])
+    if any(destination.filters is not None for _, destination in ready):
+        ready = _drop_filtered(ready, writes, context.stats)
+    if context.key_prefix is None:
+        context.key_prefix = message_key_prefix(await store_call(settings, store_key, engine))
+    prefix = context.key_prefix
+    results_by_row = await context.sender.send_all([(destination, row.body, f"{prefix}{row.id}")
+                                                    for row, destination in ready])
     finished = store_now()
     hold_until = None
     if hold_seconds is not None:
@@ -552,16 +586,18 @@ async def process_batch(
                                    "b_next_attempt_at": finished + timedelta(seconds=settings.retry_base_delay),
                                    "b_lease_owner": None, "b_lease_expires_at": None})
     await store_call(settings, record_outcomes, engine, delivered=writes.delivered, failed=writes.failed,
-                     rescheduled=writes.rescheduled, attempts=writes.attempts)
+                     rescheduled=writes.rescheduled, attempts=writes.attempts, filtered=writes.filtered)
     _log_timeouts(results_by_row, log)
     for row, reason, attempts in writes.failures:
         emit_delivery_failed(row.id, row.destination, reason, attempts)
     result = BatchResult(delivered=len(writes.delivered), failed=len(writes.failed),
-                         rescheduled=len(writes.rescheduled) - len(writes.held), held=writes.held)
+                         rescheduled=len(writes.rescheduled) - len(writes.held), filtered=len(writes.filtered),
+                         held=writes.held)
     stats = context.stats
     stats.delivered += result.delivered
     stats.failed += result.failed
     stats.rescheduled += result.rescheduled
+    stats.filtered += result.filtered
     return result
 
 
@@ -607,7 +643,8 @@ async def deliver_batch(batch: ClaimedBatch, context: DeliveryContext) -> dict[s
     if result.held:
         # ``decide`` already extended the held rows' lease past the task's wait.
         raise RetryableDeliveryError(f"{len(result.held)} message(s) will be retried in about {next_delay:g} s")
-    return {"delivered": result.delivered, "failed": result.failed, "rescheduled": result.rescheduled}
+    return {"delivered": result.delivered, "failed": result.failed, "rescheduled": result.rescheduled,
+            "filtered": result.filtered}
 
 
 def delivery_task(settings: WebhooksSettings | None = None) -> Any:

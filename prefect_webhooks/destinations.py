@@ -15,8 +15,11 @@ import time
 from dataclasses import dataclass
 
 from prefect.exceptions import ObjectNotFound
+from pydantic import ValidationError
 
 from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.filters import Filters, compile_filters
+from prefect_webhooks.message_headers import MessageSigner
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing import SIGNATURE_HEADER
 
@@ -25,6 +28,13 @@ USER_AGENT = "prefect-webhooks/1.0"
 
 class DestinationNotFound(LookupError):
     """No saved WebhookDestination block has this name."""
+
+
+class InvalidDestination(ValueError):
+    """A saved block that does not validate (e.g. a filter rule saved through the API with an unknown field).
+
+    Its messages wait (they are retried) until the block is fixed; the message says what is wrong, never a value.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,18 +51,27 @@ class ResolvedDestination:
 
     name: str
     endpoints: tuple[Endpoint, ...]
-    secret: str | None
+    signer: MessageSigner
+    filters: Filters | None = None
 
 
 def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
-    """Prepare a loaded block for sending: fixed headers per endpoint, the secret in the clear."""
+    """Prepare a loaded block for sending: fixed headers per endpoint, its signer (secrets in the clear), its
+    compiled filters."""
     endpoints = []
     for endpoint in block.endpoints:
         headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
         headers.update(endpoint.header_values())
         headers.pop(SIGNATURE_HEADER, None)
         endpoints.append(Endpoint(url=endpoint.url, headers=headers))
-    return ResolvedDestination(name=name, endpoints=tuple(endpoints), secret=block.secret())
+    return ResolvedDestination(name=name, endpoints=tuple(endpoints), signer=MessageSigner.for_block(block),
+                               filters=compile_filters(block.filters))
+
+
+def _problems(error: ValidationError) -> str:
+    # The block hides inputs in its errors, so locations and reasons are safe to show.
+    return "; ".join(f"{'.'.join(map(str, item['loc'])) or 'block'}: {item['msg']}"
+                     for item in error.errors(include_input=False, include_url=False))
 
 
 def _is_not_found(exc: BaseException) -> bool:
@@ -83,6 +102,9 @@ class DestinationCache:
         except Exception as exc:
             if _is_not_found(exc):
                 raise DestinationNotFound(name) from None
+            # Prefect wraps a failed validation in a RuntimeError.
+            if isinstance(exc.__cause__, ValidationError):
+                raise InvalidDestination(f"destination block {name!r} is invalid: {_problems(exc.__cause__)}") from None
             raise
         resolved = resolve(name, block)
         self._entries[name] = (time.monotonic(), resolved)

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
 
-from prefect_webhooks.store import DELIVERED, FAILED, PENDING, OutboxMessage, get_engine, store_now
+from prefect_webhooks.store import DELIVERED, FAILED, FILTERED, PENDING, OutboxMessage, get_engine, store_now
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS_PATH = "/metrics"
@@ -33,6 +33,12 @@ _METRICS = (
     ),
     ("prefect_webhooks_delivered_total", "counter", "Messages delivered (any endpoint answered 2xx).", "delivered"),
     ("prefect_webhooks_failed_total", "counter", "Messages given up on (permanent error or retry age).", "failed"),
+    (
+        "prefect_webhooks_filtered_total",
+        "counter",
+        "Messages a destination filter rule dropped (never sent).",
+        "filtered",
+    ),
 )
 
 
@@ -42,6 +48,7 @@ def _empty_figures() -> dict[str, Any]:
         "in_flight": 0,
         "delivered": 0,
         "failed": 0,
+        "filtered": 0,
         "oldest_pending_at": None,
         "oldest_pending_age_seconds": 0.0,
     }
@@ -76,7 +83,7 @@ def backlog_snapshot(engine: Engine | None = None, now: datetime | None = None) 
 
     Returns:
         ``{"generated_at", "destinations": {name: figures}, "totals": figures}`` where figures has ``pending``,
-        ``in_flight``, ``delivered``, ``failed``, ``oldest_pending_at`` (ISO or None) and
+        ``in_flight``, ``delivered``, ``failed``, ``filtered``, ``oldest_pending_at`` (ISO or None) and
         ``oldest_pending_age_seconds``.
 
     Example:
@@ -99,6 +106,8 @@ def backlog_snapshot(engine: Engine | None = None, now: datetime | None = None) 
             figures["delivered"] += count
         elif state == FAILED:
             figures["failed"] += count
+        elif state == FILTERED:
+            figures["filtered"] += count
     return {
         "generated_at": now.isoformat() + "Z",
         "destinations": dict(sorted(destinations.items())),
@@ -109,7 +118,7 @@ def backlog_snapshot(engine: Engine | None = None, now: datetime | None = None) 
 def _totals(all_figures: Any) -> dict[str, Any]:
     totals = _empty_figures()
     for figures in all_figures:
-        for key in ("pending", "in_flight", "delivered", "failed"):
+        for key in ("pending", "in_flight", "delivered", "failed", "filtered"):
             totals[key] += figures[key]
         if figures["oldest_pending_age_seconds"] > totals["oldest_pending_age_seconds"]:
             totals["oldest_pending_age_seconds"] = figures["oldest_pending_age_seconds"]
@@ -151,9 +160,10 @@ def health_document(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 def status_table(snapshot: dict[str, Any]) -> str:
     """A plain-text table of the snapshot for the ``status`` command."""
-    header = ("destination", "pending", "in flight", "oldest pending (s)", "delivered", "failed")
+    header = ("destination", "pending", "in flight", "oldest pending (s)", "delivered", "failed", "filtered")
     rows = [
-        (name, f["pending"], f["in_flight"], f"{f['oldest_pending_age_seconds']:.1f}", f["delivered"], f["failed"])
+        (name, f["pending"], f["in_flight"], f"{f['oldest_pending_age_seconds']:.1f}", f["delivered"], f["failed"],
+         f["filtered"])
         for name, f in snapshot["destinations"].items()
     ]
     totals = snapshot["totals"]
@@ -165,6 +175,7 @@ def status_table(snapshot: dict[str, Any]) -> str:
             f"{totals['oldest_pending_age_seconds']:.1f}",
             totals["delivered"],
             totals["failed"],
+            totals["filtered"],
         )
     )
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]

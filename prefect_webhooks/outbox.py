@@ -19,6 +19,7 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import (
     DELIVERED,
     FAILED,
+    FILTERED,
     PENDING,
     DeliveryAttempt,
     OutboxMessage,
@@ -263,6 +264,7 @@ def record_outcomes(
     failed: Sequence[dict[str, Any]] = (),
     rescheduled: Sequence[dict[str, Any]] = (),
     attempts: Sequence[dict[str, Any]] = (),
+    filtered: Sequence[dict[str, Any]] = (),
 ) -> None:
     """Write one batch's results in one transaction: bulk updates per outcome and the attempt log.
 
@@ -273,6 +275,7 @@ def record_outcomes(
         rescheduled: ``{b_id, b_attempts, b_first_attempt_at, b_reason, b_next_attempt_at, b_lease_owner,
             b_lease_expires_at}`` per row to try again.
         attempts: ``delivery_attempts`` rows, one per request (or refusal to send one).
+        filtered: ``{b_id, b_reason}`` per row a destination filter dropped (never sent).
     """
     with engine.begin() as connection:
         insert_rows(connection, ATTEMPTS, attempts)
@@ -294,6 +297,16 @@ def record_outcomes(
             connection.execute(_MARK_FAILED, list(failed))
         if rescheduled:
             connection.execute(_RESCHEDULE, list(rescheduled))
+        by_reason: dict[str, list[int]] = {}
+        for row in filtered:
+            by_reason.setdefault(row["b_reason"], []).append(row["b_id"])
+        for reason, ids in by_reason.items():
+            # Many rows share a rule: one statement per rule.
+            connection.execute(
+                update(OUTBOX)
+                .where(OUTBOX.c.id.in_(ids), OUTBOX.c.state == PENDING)
+                .values(state=FILTERED, reason=reason, lease_owner=None, lease_expires_at=None)
+            )
 
 
 def _same_values(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -311,9 +324,10 @@ def replay_failed(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     reason_prefix: str | None = None,
+    filtered: bool = False,
     engine: Engine | None = None,
 ) -> int:
-    """Put ``failed`` rows of a destination back to pending, due now, with a fresh deadline.
+    """Put ``failed`` (or ``filtered``) rows of a destination back to pending, due now, with a fresh deadline.
 
     The first attempt time and the attempt counter are reset, so the backoff starts again and the message gets
     a full ``max_retry_age`` from its next attempt; the ``delivery_attempts`` log keeps the history.
@@ -323,6 +337,8 @@ def replay_failed(
         created_after: Only rows created at or after this time.
         created_before: Only rows created before this time.
         reason_prefix: Only rows whose reason starts with this (e.g. ``"expired"`` or ``"permanent: HTTP 410"``).
+        filtered: Put back rows a destination filter dropped instead of failed ones (after a rule was changed:
+            the destination's current rules apply to them again).
         engine: The store; the configured one by default.
 
     Returns:
@@ -330,7 +346,8 @@ def replay_failed(
     """
     engine = engine or get_engine()
     # A row whose body a deletion request purged has nothing left to send: it stays failed.
-    conditions = [OUTBOX.c.destination == destination, OUTBOX.c.state == FAILED, OUTBOX.c.body.is_not(None)]
+    state = FILTERED if filtered else FAILED
+    conditions = [OUTBOX.c.destination == destination, OUTBOX.c.state == state, OUTBOX.c.body.is_not(None)]
     if created_after is not None:
         conditions.append(OUTBOX.c.created_at >= to_store_time(created_after))
     if created_before is not None:

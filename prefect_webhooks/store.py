@@ -7,13 +7,16 @@ idempotent, so every process may call it at start.
 from __future__ import annotations
 
 import operator
+import secrets
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import NaiveDatetime
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, LargeBinary, event, insert
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Index, Integer, LargeBinary, event, insert, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Field, SQLModel, create_engine
 
@@ -28,6 +31,8 @@ BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 PENDING = "pending"
 DELIVERED = "delivered"
 FAILED = "failed"
+# Dropped by one of the destination's filter rules (named in ``reason``); never sent.
+FILTERED = "filtered"
 
 
 class OutboxMessage(SQLModel, table=True):
@@ -59,6 +64,15 @@ class OutboxMessage(SQLModel, table=True):
     lease_expires_at: NaiveDatetime | None = None
     delivered_at: NaiveDatetime | None = None
     delivered_url: str | None = None
+
+
+class StoreIdentity(SQLModel, table=True):
+    """One row: a random key naming this store, so message ids stay unique across stores (see ``store_key``)."""
+
+    __tablename__ = "store_identity"
+
+    id: int = Field(default=1, primary_key=True)
+    key: str = Field(max_length=32)
 
 
 class DeliveryAttempt(SQLModel, table=True):
@@ -211,12 +225,38 @@ def create_schema(engine: Engine) -> None:
         SQLModel.metadata.create_all(connection, checkfirst=True)
 
 
+_store_keys: dict[str, str] = {}
+
+
+def store_key(engine: Engine) -> str:
+    """This store's random key (12 hex digits), made once when first asked for and kept in the store.
+
+    Outbox ids restart at 1 in a new store (a fresh SQLite file, a new database): prefixed with this key they still
+    never name two different messages, which a receiver deduplicating by message id relies on.
+    """
+    url = engine.url.render_as_string(hide_password=False)
+    key = _store_keys.get(url)
+    if key is not None:
+        return key
+    table = StoreIdentity.__table__
+    with engine.begin() as connection:
+        key = connection.execute(select(table.c.key).where(table.c.id == 1)).scalar()
+        if key is None:
+            dialect_insert = sqlite_insert if connection.dialect.name == "sqlite" else postgresql_insert
+            # Concurrent first callers race to insert; whichever row landed is the store's key.
+            connection.execute(dialect_insert(table).values(id=1, key=secrets.token_hex(6)).on_conflict_do_nothing())
+            key = connection.execute(select(table.c.key).where(table.c.id == 1)).scalar_one()
+    _store_keys[url] = key
+    return key
+
+
 def dispose_engines() -> None:
     """Close every pooled connection (tests and forked children call this)."""
     with _engines_lock:
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
+        _store_keys.clear()
 
 
 def insert_rows(connection: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> int:

@@ -3,6 +3,8 @@
 It runs an aiohttp server in its own thread and event loop, records every request it gets (method, path, headers,
 raw body, time), and answers from a script: a list of behaviours consumed one per request, then ``default``.
 A behaviour is an int status, or a dict ``{"status": 429, "headers": {...}, "delay": 6.0, "reset": True}``.
+With a ``verifier`` (raw body, headers → accepted?) a request it refuses is answered 401 and kept in ``rejected``,
+as a receiver checking signatures would.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +38,8 @@ class Receiver:
     ssl_context: ssl.SSLContext | None = None
     requests: list[ReceivedRequest] = field(default_factory=list)
     port: int = 0
+    verifier: Callable[[bytes, dict[str, str]], bool] | None = None
+    rejected: list[ReceivedRequest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -54,10 +59,13 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        received = ReceivedRequest(request.method, request.path, dict(request.headers), body, time.time())
         with self._lock:
-            self.requests.append(
-                ReceivedRequest(request.method, request.path, dict(request.headers), body, time.time())
-            )
+            self.requests.append(received)
+        if self.verifier is not None and not self.verifier(body, received.headers):
+            with self._lock:
+                self.rejected.append(received)
+            return web.Response(status=401, text="bad signature")
         behaviour = self._next_behaviour()
         if isinstance(behaviour, int):
             behaviour = {"status": behaviour}

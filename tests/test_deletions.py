@@ -24,6 +24,7 @@ from prefect_webhooks.payloads import identify_payload
 from prefect_webhooks.store import (
     DELIVERED,
     FAILED,
+    FILTERED,
     AudienceState,
     DeletionRequest,
     OutboxMessage,
@@ -137,6 +138,17 @@ def test_purge_leaves_no_personal_data_of_the_user(store_url: str) -> None:
     with get_engine(store_url).connect() as connection:
         state = connection.execute(select(AudienceState.__table__.c.user_id)).scalars().all()
     assert state == ["u2"]
+
+
+def test_rows_a_filter_dropped_are_purged_too(store_url: str) -> None:
+    enqueue("hooks-a", [track("u1", "Debug Ping"), track("u2", "Debug Ping")], source="web")
+    with get_engine(store_url).begin() as connection:
+        connection.execute(update(OUTBOX).values(state=FILTERED, reason="filtered: drop rule 'no-debug'"))
+    request = pending_requests(request_ids=[request_deletion("u1")])[0]
+    assert process_deletion(request, DESTINATIONS).purged_rows == 1
+    first, second, *_ = rows(store_url)
+    assert (first["state"], first["body"], first["user_id"]) == (FILTERED, None, None)
+    assert second["user_id"] == "u2" and second["body"] is not None
 
 
 @pytest.mark.usefixtures("history")

@@ -18,7 +18,7 @@ from sqlalchemy import update
 
 from prefect_webhooks.metrics import add_metrics_routes, backlog_snapshot, prometheus_text, status_table
 from prefect_webhooks.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store import DELIVERED, FAILED, OutboxMessage, get_engine, store_now
+from prefect_webhooks.store import DELIVERED, FAILED, FILTERED, OutboxMessage, get_engine, store_now
 
 NOW = store_now()
 
@@ -54,6 +54,7 @@ def filled_store(store_url: str) -> str:
     _add("crm", 2, age=10, leased=True, lease=86400)
     _add("crm", 4, age=500, state=DELIVERED)
     _add("crm", 1, age=900, state=FAILED)
+    _add("crm", 2, age=700, state=FILTERED)
     _add('odd "name"\\x', 5, age=30, state=DELIVERED)
     return store_url
 
@@ -62,13 +63,13 @@ def test_snapshot_counts_per_destination_and_totals(filled_store: str) -> None:
     snapshot = backlog_snapshot(now=NOW)
 
     crm = snapshot["destinations"]["crm"]
-    assert (crm["pending"], crm["in_flight"], crm["delivered"], crm["failed"]) == (5, 2, 4, 1)
-    # The oldest pending row is 120 s old; delivered/failed rows, older still, do not count.
+    assert (crm["pending"], crm["in_flight"], crm["delivered"], crm["failed"], crm["filtered"]) == (5, 2, 4, 1, 2)
+    # The oldest pending row is 120 s old; delivered/failed/filtered rows, older still, do not count.
     assert crm["oldest_pending_age_seconds"] == pytest.approx(120, abs=0.01)
     odd = snapshot["destinations"]['odd "name"\\x']
     assert (odd["pending"], odd["delivered"], odd["oldest_pending_age_seconds"]) == (0, 5, 0.0)
     totals = snapshot["totals"]
-    assert (totals["pending"], totals["delivered"], totals["failed"]) == (5, 9, 1)
+    assert (totals["pending"], totals["delivered"], totals["failed"], totals["filtered"]) == (5, 9, 1, 2)
     assert totals["oldest_pending_age_seconds"] == pytest.approx(120, abs=0.01)
 
 
@@ -94,20 +95,23 @@ def test_prometheus_text_is_well_formed(filled_store: str) -> None:
     assert 'prefect_webhooks_oldest_pending_age_seconds{destination="crm"} 120' in text
     assert 'prefect_webhooks_delivered_total{destination="crm"} 4\n' in text
     assert 'prefect_webhooks_failed_total{destination="crm"} 1\n' in text
+    assert 'prefect_webhooks_filtered_total{destination="crm"} 2\n' in text
+    assert 'prefect_webhooks_filtered_total{destination="odd \\"name\\"\\\\x"} 0\n' in text
     # Quotes and backslashes in a label value are escaped.
     assert 'prefect_webhooks_delivered_total{destination="odd \\"name\\"\\\\x"} 5\n' in text
     sample = re.compile(r'^[a-z_]+\{destination="(?:[^"\\]|\\.)*"\} -?[0-9.]+$')
     for line in text.splitlines():
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
-    assert text.count("# TYPE ") == 5
+    assert text.count("# TYPE ") == 6
 
 
 def test_status_table_lists_each_destination(filled_store: str) -> None:
     table = status_table(backlog_snapshot(now=NOW)).splitlines()
     assert table[0].split()[0] == "destination"
     crm = next(line for line in table if line.startswith("crm"))
-    assert crm.split() == ["crm", "5", "2", "120.0", "4", "1"]
-    assert table[-1].split() == ["TOTAL", "5", "2", "120.0", "9", "1"]
+    assert table[0].split()[-1] == "filtered"
+    assert crm.split() == ["crm", "5", "2", "120.0", "4", "1", "2"]
+    assert table[-1].split() == ["TOTAL", "5", "2", "120.0", "9", "1", "2"]
 
 
 def _free_port() -> int:
@@ -157,6 +161,7 @@ def test_status_command_prints_from_the_store(filled_store: str, capsys: pytest.
     assert main(["status", "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["totals"]["pending"] == 5 and document["totals"]["failed"] == 1
+    assert document["destinations"]["crm"]["filtered"] == 2
 
     assert main(["status", "--prometheus"]) == 0
     assert 'prefect_webhooks_backlog_messages{destination="crm"} 5' in capsys.readouterr().out

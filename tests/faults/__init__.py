@@ -2,8 +2,9 @@
 
 ``worker_main`` is the body of a delivery worker process (``python -c "from tests.faults import worker_main;
 worker_main()"``): it delivers from the store in ``PREFECT_WEBHOOKS_DATABASE_URL`` to destinations given as JSON in
-``WORKER_DESTINATIONS`` (``{name: [url, ...]}``, unsaved blocks, so no Prefect server is needed) with ``deliver_due``
-in continuous mode, and prints its stats as one JSON line.
+``WORKER_DESTINATIONS`` (``{name: [url, ...]}``, unsaved blocks, so no Prefect server is needed; ``{name: []}``
+loads the saved block ``name`` from the Prefect API in ``PREFECT_API_URL``) with ``deliver_due`` in continuous mode,
+and prints its stats as one JSON line.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def worker_main() -> None:
         async with Sender(settings) as sender:
             context = DeliveryContext(get_engine(), sender, settings=settings)
             for name, urls in destinations.items():
-                context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url} for url in urls]))
+                if urls:
+                    context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url} for url in urls]))
             stats = await deliver_due(context=context, run_for_seconds=run_seconds, until_empty=until_empty,
                                       idle_sleep=0.1)
             return {"owner": context.owner, **stats.summary()}

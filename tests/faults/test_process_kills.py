@@ -17,11 +17,13 @@ import pytest
 from prefect.settings import PREFECT_API_URL
 from sqlalchemy import func, select
 
+from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.outbox import OUTBOX, enqueue
 from prefect_webhooks.store import PENDING, get_engine
 from tests.faults import accounting, received_ids, start_worker, worker_result
 from tests.receivers import Receiver
 from tests.servers import free_port, ingest_api_process, save_source
+from tests.test_message_headers import libraries_accept
 
 pytestmark = pytest.mark.slow
 
@@ -138,3 +140,52 @@ def test_sigkill_of_a_delivery_worker_during_a_load(backend_url: str) -> None:
     assert held, "the kill must land while the worker holds leases"
     assert duplicated <= held_ids
     assert report.duplicates <= len(held)
+
+
+@pytest.mark.parametrize("standard_webhooks", [False, True], ids=["idempotency-key", "webhook-id"])
+def test_duplicates_after_a_sigkill_are_dropped_by_their_key(
+    prefect_harness: None, store_url: str, standard_webhooks: bool
+) -> None:
+    """The kill leaves requests the receiver got but the worker never recorded; they are sent again after the lease
+    expires, with the same message id, so a receiver keeping the ids it processed drops every duplicate."""
+    total, name = 2000, f"dedupe-{uuid.uuid4().hex[:8]}"
+    secret = WebhookDestination.generate_secret()
+    env = {"PREFECT_WEBHOOKS_LEASE_SECONDS": "3", "PREFECT_WEBHOOKS_CLAIM_BATCH_SIZE": "100",
+           "PREFECT_API_URL": PREFECT_API_URL.value()}
+    # A slow receiver keeps many requests in flight when the worker dies.
+    verifier = libraries_accept(secret) if standard_webhooks else None
+    with Receiver(default={"status": 200, "delay": 0.1}, verifier=verifier) as receiver:
+        WebhookDestination(endpoints=[{"url": receiver.url}], shared_secret=secret,
+                           standard_webhooks=standard_webhooks).save(name)
+        enqueue(name, [{"type": "track", "userId": "u", "event": "E", "properties": {"messageId": f"m{n}"}}
+                       for n in range(total)])
+        victim = start_worker(store_url, {name: []}, env=env)
+        receiver.wait_for(300, timeout=60)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        deadline = time.monotonic() + 60
+        while pending(store_url) and time.monotonic() < deadline:
+            worker_result(start_worker(store_url, {name: []}, env=env))
+            time.sleep(0.3)
+        requests = list(receiver.requests)
+    assert pending(store_url) == 0 and receiver.rejected == []
+    header = "webhook-id" if standard_webhooks else "Idempotency-Key"
+    processed: dict[str, bytes] = {}
+    dropped = 0
+    for request in requests:
+        key = request.headers[header]
+        if key in processed:
+            dropped += 1
+            # The duplicate is the same message: same body (a new webhook-timestamp and signature at most).
+            assert request.body == processed[key]
+        else:
+            processed[key] = request.body
+    by_body = received_ids(requests)
+    duplicates = sum(count - 1 for count in by_body.values())
+    print(f"\n[{header}] {total} messages, {len(requests)} requests after a SIGKILL, {duplicates} duplicates, "
+          f"{dropped} dropped by key, {len(processed)} processed")
+    assert duplicates > 0, "the kill must leave in-flight requests to send again"
+    assert dropped == duplicates
+    assert len(processed) == total
+    assert sorted(orjson.loads(body)["properties"]["messageId"] for body in processed.values()) == sorted(
+        f"m{n}" for n in range(total))

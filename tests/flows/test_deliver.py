@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 from prefect import get_client
+from prefect.client.schemas.actions import BlockDocumentUpdate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.sorting import TaskRunSort
 from prefect.events.clients import AssertingEventsClient
@@ -91,7 +92,7 @@ async def test_deliver_flow_delivers_and_publishes_one_artifact_per_endpoint(set
         enqueue(name, [track(n) for n in range(25)])
         state = await deliver(batch_size=10, return_state=True)
         summary = await state.result()
-    assert summary == {"delivered": 25, "failed": 0, "rescheduled": 0, "batches": 3}
+    assert summary == {"delivered": 25, "failed": 0, "rescheduled": 0, "filtered": 0, "batches": 3}
     assert len(first.requests) == 25 and len(second.requests) == 25
     assert all(request.headers["X-Key"] == "v4lue-secret" for request in first.requests)
     assert all(row.state == DELIVERED for row in outbox())
@@ -283,3 +284,49 @@ def test_a_killed_delivery_process_loses_nothing(store_url: str, tmp_path: Path)
     print(f"200 messages, {len(received)} requests received, {duplicates} duplicates (at-least-once)")
     with get_engine().connect() as connection:
         assert len(list(connection.execute(select(ATTEMPTS)))) <= len(received)
+
+
+async def test_filtered_messages_are_counted_in_the_summary_and_an_artifact(settings_env: Any) -> None:
+    name = block_name()
+    with Receiver() as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url, "headers": {"X-Key": "v4lue-secret"}}],
+                                 filters=[{"name": "odd-only", "action": "allow",
+                                           "conditions": [{"field": "properties.n", "in": [1, 3, 5, 7, 9]}]},
+                                          {"action": "drop", "conditions": [{"field": "properties.n",
+                                                                             "equals": 9}]}]).save(name)
+        enqueue(name, [track(n) for n in range(10)])
+        state = await deliver(return_state=True)
+        summary = await state.result()
+    assert summary == {"delivered": 4, "failed": 0, "rescheduled": 0, "filtered": 6, "batches": 1}
+    assert sorted(orjson.loads(request.body)["properties"]["n"] for request in receiver.requests) == [1, 3, 5, 7]
+    artifacts = await artifacts_of(state.state_details.flow_run_id)
+    (filtered,) = [artifact for artifact in artifacts if artifact["key"].startswith(f"filtered-{name}-")]
+    assert orjson.loads(filtered["data"]) == [
+        {"destination": name, "rule": "allow rule 'odd-only' not matched", "filtered": 5},
+        {"destination": name, "rule": "drop rule #2", "filtered": 1},
+    ]
+    assert not any("v4lue-secret" in artifact["data"] for artifact in artifacts)
+
+
+async def test_a_block_saved_with_a_bad_rule_through_the_api_holds_its_messages(
+    settings_env: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = block_name()
+    with Receiver() as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}], shared_secret="k3y-secret").save(name)
+        # What the UI or a raw API call can store: the server does not run the block's validation.
+        async with get_client() as client:
+            document = await client.read_block_document_by_name(name, "webhook-destination")
+            data = {**document.data, "filters": [{"name": "typo", "action": "drop",
+                                                  "conditions": [{"field": "propertes.plan", "equals": "x"}]}]}
+            await client.update_block_document(document.id, BlockDocumentUpdate(data=data))
+        enqueue(name, [track(1)])
+        summary = await deliver()
+        assert receiver.requests == []
+    assert summary["rescheduled"] == 1
+    (row,) = outbox()
+    assert row.state == PENDING and row.attempts == 0
+    warning = next(record.getMessage() for record in caplog.records if "is invalid" in record.getMessage())
+    assert f"destination block {name!r} is invalid" in warning
+    assert "rule 'typo': condition on field 'propertes.plan': unknown field 'propertes'" in warning
+    assert "k3y-secret" not in caplog.text

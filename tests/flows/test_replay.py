@@ -32,12 +32,26 @@ def outbox() -> list[Any]:
         return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
 
 
-async def test_replay_puts_back_only_the_selected_failures_and_they_are_delivered(
-    store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def replay_summary(state: Any) -> dict[str, Any]:
+    """The one row of the replay run's table artifact."""
+    async with get_client() as client:
+        response = await client.request(
+            "POST", "/artifacts/filter",
+            json={"artifacts": {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}, "limit": 10,
+                  "offset": 0, "sort": "CREATED_DESC"})
+    (artifact,) = response.json()
+    return orjson.loads(artifact["data"])[0]
+
+
+@pytest.fixture
+def name(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A destination block name; blocks are read afresh by every batch."""
     monkeypatch.setenv("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", "0")
     get_settings.cache_clear()
-    name = f"replay-{uuid.uuid4().hex[:8]}"
+    return f"replay-{uuid.uuid4().hex[:8]}"
+
+
+async def test_replay_puts_back_only_the_selected_failures_and_they_are_delivered(name: str) -> None:
     with Receiver(default=404) as receiver:
         await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
         enqueue(name, [track(n) for n in range(4)])
@@ -58,10 +72,25 @@ async def test_replay_puts_back_only_the_selected_failures_and_they_are_delivere
         assert summary["delivered"] == 3
     assert [row.state for row in outbox()[:4]] == [FAILED, DELIVERED, DELIVERED, DELIVERED]
     assert sorted(orjson.loads(r.body)["userId"] for r in receiver.requests[4:]) == ["u1", "u2", "u3"]
-    async with get_client() as client:
-        response = await client.request(
-            "POST", "/artifacts/filter",
-            json={"artifacts": {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}, "limit": 10,
-                  "offset": 0, "sort": "CREATED_DESC"})
-    (artifact,) = response.json()
-    assert orjson.loads(artifact["data"])[0]["replayed"] == 3
+    assert (await replay_summary(state))["replayed"] == 3
+
+
+async def test_replay_of_filtered_messages_applies_the_current_rules(name: str) -> None:
+    too_strict = [{"name": "only-u1", "action": "allow", "conditions": [{"field": "userId", "equals": "u1"}]}]
+    with Receiver() as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}], filters=too_strict).save(name)
+        enqueue(name, [track(n) for n in range(3)])
+        summary = await deliver(destination=name)
+        assert (summary["delivered"], summary["filtered"]) == (1, 2)
+        # Failed-message replay leaves filtered ones alone.
+        assert await replay(name) == 0
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name, overwrite=True)
+        state = await replay(name, filtered=True, reason_prefix="filtered: allow rule 'only-u1'", return_state=True)
+        assert await state.result() == 2
+        assert [row.state for row in outbox()] == [PENDING, DELIVERED, PENDING]
+        assert (await deliver(destination=name))["delivered"] == 2
+    assert [row.state for row in outbox()] == [DELIVERED] * 3
+    assert sorted(orjson.loads(r.body)["userId"] for r in receiver.requests) == ["u0", "u1", "u2"]
+    assert await replay_summary(state) == {
+        "destination": name, "created_after": "", "created_before": "",
+        "reason_prefix": "filtered: allow rule 'only-u1'", "state": "filtered", "replayed": 2}

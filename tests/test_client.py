@@ -593,6 +593,20 @@ def test_every_call_type_lands_in_the_store(ingest_api: IngestApi) -> None:
     assert sorted(ingest_api.stored_message_ids()) == sorted(ids)
 
 
+def test_integrations_at_the_top_or_in_context_keep_a_call_from_the_webhooks(ingest_api: IngestApi) -> None:
+    recorder = Recorder()
+    with Analytics(ingest_api.write_key, endpoint=ingest_api.url, on_error=recorder.on_error) as analytics:
+        kept = analytics.track("u1", "Kept")
+        analytics.track("u1", "Off at the top", integrations={"All": False})
+        analytics.track("u1", "Off in context", context={"integrations": {"All": False}})
+        analytics.identify("u1", {"plan": "pro"}, context={"integrations": {"Webhooks": False}})
+        on_again = analytics.track("u1", "On again", context={"integrations": {"All": False, "Webhooks": True}})
+        assert analytics.flush(30)
+        assert (analytics.delivered, analytics.failed) == (5, 0)
+    assert recorder.errors == []
+    assert sorted(ingest_api.stored_message_ids()) == sorted([kept, on_again])
+
+
 def test_an_unknown_write_key_reaches_on_error(ingest_api: IngestApi) -> None:
     url = ingest_api.url
     recorder = Recorder()

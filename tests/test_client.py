@@ -241,6 +241,25 @@ def test_flush_at_triggers_a_send_without_waiting_for_the_timer(receiver: Receiv
         assert len(body_of(request)["batch"]) == 5
 
 
+def test_a_batch_never_carries_more_than_flush_at(receiver: Receiver) -> None:
+    # Defaults (flush_at=20), and a flush_after long enough that only the count triggers a send.
+    with Analytics(WRITE_KEY, endpoint=f"http://127.0.0.1:{receiver.port}", flush_after=60) as analytics:
+        ids = [analytics.track("u1", "E", {"i": index}) for index in range(45)]
+        receiver.wait_for(2, timeout=10)
+        time.sleep(0.5)
+        assert [len(body_of(request)["batch"]) for request in receiver.requests] == [20, 20]
+        assert analytics.queued == 5  # the remainder waits for the next trigger
+        assert analytics.flush(10)
+    assert [len(body_of(request)["batch"]) for request in receiver.requests] == [20, 20, 5]
+    assert [message["messageId"] for message in messages_of(receiver.requests)] == ids
+
+
+def test_an_unknown_option_is_refused_not_ignored() -> None:
+    with pytest.raises(AnalyticsError) as caught:
+        Analytics(WRITE_KEY, endpoint="http://127.0.0.1:9", max_batch_size=100)
+    assert (caught.value.field, caught.value.reason) == ("max_batch_size", "not an option of Analytics")
+
+
 def test_size_is_the_same_as_flush_at(receiver: Receiver) -> None:
     with client_for(receiver, size=3, flush_after=60) as analytics:
         assert analytics.options.flush_at == 3

@@ -15,6 +15,7 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.logging import get_run_logger
 
 from prefect_webhooks.delivery import DeliveryStats, deliver_due, delivery_task
+from prefect_webhooks.sync_flows import sync_compatible
 
 
 def artifact_key(destination: str, url: str) -> str:
@@ -39,6 +40,7 @@ async def publish_endpoint_artifacts(stats: DeliveryStats) -> int:
     return len(stats.endpoints)
 
 
+@sync_compatible
 @flow(name="deliver", log_prints=False)
 async def deliver(
     destination: str | None = None,

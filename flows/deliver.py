@@ -82,6 +82,4 @@ async def deliver(
 
 
 if __name__ == "__main__":
-    import asyncio
-
-    asyncio.run(deliver())
+    deliver()

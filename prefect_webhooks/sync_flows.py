@@ -3,7 +3,9 @@
 Calling an ``async def`` flow without ``await`` returns a coroutine: the flow does not run, and nothing says so
 until Python warns at exit. ``sync_compatible`` makes such a flow behave like Prefect's own ``save``/``asave``
 pair in one name: called where no event loop is running (a script, a sync flow or task, a thread) it runs the flow
-and returns its result; called inside a running event loop it returns the awaitable, as before.
+and returns its result; called inside a running event loop it returns the awaitable, as before. As with Prefect's
+``save``, sync code calls it directly: ``deliver()``, not ``asyncio.run(deliver())`` (which now gets the result, not
+a coroutine, and says so: "a coroutine was expected").
 """
 
 from __future__ import annotations

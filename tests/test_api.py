@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gzip
 import threading
@@ -327,7 +326,7 @@ def test_sdk_calls_reach_a_receiver_signed(
     monkeypatch.setenv("PREFECT_WEBHOOKS_DATABASE_URL", api.store_url)
     get_settings.cache_clear()
     try:
-        summary = asyncio.run(deliver(destination=destination))
+        summary = deliver(destination=destination)
     finally:
         get_settings.cache_clear()
     assert summary["delivered"] == 3

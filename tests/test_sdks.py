@@ -8,7 +8,9 @@ it puts identify traits, page category, integrations, timestamps…).
 
 Installing the SDKs (``.ci/run`` does both):
 
-- Node.js SDKs: ``cd tests/sdks && npm ci``;
+- Node.js SDKs: ``cd tests/sdks && npm ci`` (``package-lock.json`` pins every package; it also lists the
+  optional macOS/Windows/ARM builds of ``msgpackr-extract``, a dependency of ``@rudderstack/rudder-sdk-node``, as the
+  npm registry has them: ``npm ci`` refuses a lock file without them and never downloads them on Linux x64);
 - Segment's legacy ``analytics-python`` (its pinned ``backoff==1.10.0`` cannot share the project's virtualenv with
   ``rudder-sdk-python``): ``python3 -m venv tests/sdks/.venv && tests/sdks/.venv/bin/pip install -r
   tests/sdks/requirements-legacy.txt``.

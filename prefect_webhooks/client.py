@@ -22,7 +22,6 @@ import logging
 import os
 import sys
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -41,6 +40,7 @@ from prefect_webhooks.client_transport import (
     batch_url,
     deliver,
 )
+from prefect_webhooks.message_ids import new_message_id
 from prefect_webhooks.messages import MAX_MESSAGE_BYTES, BaseMessage, MessageError, parse_message
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.timestamps import TimestampError, parse_timestamp
@@ -173,7 +173,7 @@ def prepare_message(raw: dict[str, Any]) -> bytes:
     Raises:
         AnalyticsError: naming the field at fault; nothing is queued.
     """
-    raw["messageId"] = raw.get("messageId") or str(uuid.uuid4())
+    raw["messageId"] = raw.get("messageId") or new_message_id()
     event_time = _event_time(raw)
     # The models take the datetime as is; parsing the string form again would double the cost of a call.
     raw["timestamp"] = event_time

@@ -211,6 +211,8 @@ def main() -> None:
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"{args.messages:,} track calls per client, default settings of both clients"
     )
+    print("load average at start (other work on this machine slows every figure): "
+          + ", ".join(f"{load:.1f}" for load in os.getloadavg()), flush=True)
     endpoints = args.endpoints.split(",")
     with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120):
         for name in endpoints:
@@ -224,6 +226,7 @@ def main() -> None:
             print(f"\n{ENDPOINT_TITLES[name]}\n")
             print(_table(results, args.messages))
             print(f"\ndelivered throughput ratio (ours / Segment): {ratio:.2f}x", flush=True)
+    print("\nload average at end: " + ", ".join(f"{load:.1f}" for load in os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -238,9 +238,7 @@ def latency(args: argparse.Namespace, store_url: str, api_url: str) -> dict[str,
         Source(write_key=key, destinations=[destination]).save(name, overwrite=True)
         with ingest_api_process(store_url, prefect_api_url=api_url) as server:
             flow_thread = threading.Thread(
-                target=lambda: asyncio.run(
-                    deliver(destination=destination, run_for_seconds=seconds + 8, idle_sleep=0.05)
-                ),
+                target=lambda: deliver(destination=destination, run_for_seconds=seconds + 8, idle_sleep=0.05),
                 daemon=True,
             )
             flow_thread.start()

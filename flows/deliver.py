@@ -17,6 +17,7 @@ from prefect.logging import get_run_logger
 
 from prefect_webhooks.delivery import DeliveryStats, deliver_due, delivery_task
 from prefect_webhooks.rotation import afinish_rotations
+from prefect_webhooks.sync_flows import sync_compatible
 
 
 def _slug(destination: str) -> str:
@@ -80,6 +81,7 @@ async def finish_ended_rotations() -> list[str]:
     return finished
 
 
+@sync_compatible
 @flow(name="deliver", log_prints=False)
 async def deliver(
     destination: str | None = None,
@@ -123,6 +125,4 @@ async def deliver(
 
 
 if __name__ == "__main__":
-    import asyncio
-
-    asyncio.run(deliver())
+    deliver()

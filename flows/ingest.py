@@ -36,6 +36,7 @@ from prefect.logging import get_run_logger
 from prefect_webhooks.blocks import Source
 from prefect_webhooks.ingest import IngestResult, Rejection, ingest_batch
 from prefect_webhooks.sources import SourceInfo
+from prefect_webhooks.sync_flows import sync_compatible
 
 JSON_COLUMNS = ("properties", "traits", "context", "integrations")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -216,6 +217,7 @@ async def publish_artifacts(summary: dict[str, Any], rejections: list[dict[str, 
     )
 
 
+@sync_compatible
 @flow(name="ingest")
 async def ingest(source: str, calls: Any, batch_size: int = 1000) -> dict[str, Any]:
     """Import calls for a saved Source through the same validation, routing and outbox code as the API.
@@ -231,10 +233,9 @@ async def ingest(source: str, calls: Any, batch_size: int = 1000) -> dict[str, A
 
     Example:
         ```python
-        import asyncio
         from flows.ingest import ingest
 
-        asyncio.run(ingest("web-app", "events.jsonl"))
+        ingest("web-app", "events.jsonl")   # in async code: await ingest("web-app", "events.jsonl")
         ```
     """
     if batch_size < 1:

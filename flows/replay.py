@@ -9,8 +9,10 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.logging import get_run_logger
 
 from prefect_webhooks.outbox import replay_failed
+from prefect_webhooks.sync_flows import sync_compatible
 
 
+@sync_compatible
 @flow(name="replay")
 async def replay(
     destination: str,

@@ -46,7 +46,15 @@ from sqlalchemy.engine import Connection, Engine
 from prefect_webhooks.naming import snake_case
 from prefect_webhooks.outbox import add_to_outbox, outbox_rows
 from prefect_webhooks.payloads import identify_payload
-from prefect_webhooks.snapshots import SnapshotError, SnapshotProvider, ValueType, load_snapshot, validate_snapshot
+from prefect_webhooks.snapshots import (
+    SnapshotError,
+    SnapshotProvider,
+    ValueType,
+    canonical_text,
+    load_snapshot,
+    reading_for,
+    validate_snapshot,
+)
 from prefect_webhooks.store import Audience, AudienceState, SuppressedUser, get_engine, store_now, to_store_time
 from prefect_webhooks.timestamps import utcnow
 
@@ -119,6 +127,9 @@ class SnapshotDiff:
     changed: pd.DataFrame
     removed: pd.Series
     unchanged: int
+    # Unchanged values whose stored text was not canonical (state written before values were: "11.0" for 11):
+    # rewritten in the state, no message sent.
+    restated: pd.DataFrame | None = None
 
 
 class DestinationResult(BaseModel):
@@ -301,13 +312,23 @@ def diff_snapshot(snapshot: pd.DataFrame, state: pd.DataFrame) -> SnapshotDiff:
     in_snapshot[snapshot_codes] = True
     added = snapshot[~in_state]
     removed = state["user_id"][~in_snapshot[state_codes]]
-    changed = snapshot.iloc[0:0]
+    changed = restated = snapshot.iloc[0:0]
     if "value" in snapshot.columns and in_state.any():
         sent = state["value"].to_numpy(dtype=object)[matched[in_state]]
         both = snapshot[in_state]
-        changed = both[both["value"].to_numpy(dtype=object) != sent]
+        differs = both["value"].to_numpy(dtype=object) != sent
+        if differs.any():
+            # Values are compared as canonical JSON texts (11 and 11.0 are one number). Only the rows whose texts
+            # differ are looked at one by one: a stored text from before values were canonical may still be equal.
+            candidates = both[differs]
+            same = np.fromiter(
+                (canonical_text(old) == new for old, new in zip(sent[differs], candidates["value"].tolist(),
+                                                                    strict=True)),
+                dtype=bool, count=len(candidates),
+            )
+            changed, restated = candidates[~same], candidates[same]
     return SnapshotDiff(added=added, changed=changed, removed=removed,
-                        unchanged=members - len(added) - len(changed))
+                        unchanged=members - len(added) - len(changed), restated=restated)
 
 
 # --- the write -------------------------------------------------------------------------------------------------
@@ -426,6 +447,10 @@ def sync_destination(
                                     timestamp=timestamp)
             if progress:
                 progress((start + len(chunk)) / len(changes))
+        if diff.restated is not None and len(diff.restated):
+            values = diff.restated["value"].tolist()
+            write_state(connection, list(zip(diff.restated["user_id"].tolist(), values, values, strict=True)),
+                        key=audience.key, destination=destination)
     return DestinationResult(
         destination=destination,
         source=source,
@@ -452,7 +477,8 @@ def prepare_snapshot(definition: AudienceDefinition, frame: pd.DataFrame | None 
     columns = [definition.id_column] + ([definition.value_column] if definition.value_column else [])
     raw = frame if frame is not None else load_snapshot(definition.snapshot, columns)
     return validate_snapshot(raw, definition.id_column, definition.value_column,
-                             definition.value_type if definition.value_column else None)
+                             definition.value_type if definition.value_column else None,
+                             reading=reading_for(definition.snapshot) if frame is None else "typed")
 
 
 def sync_audience(

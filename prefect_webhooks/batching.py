@@ -59,12 +59,14 @@ class MessageQueue:
 
     It also knows which messages are settled (sent or failed), so ``wait_settled`` can wait for "everything queued
     so far" while other threads keep adding messages.
+
+    ``flush_at`` is both the count that triggers a batch and the most one batch carries (as in every Segment
+    library): a backlog goes out as several batches of ``flush_at``, the remainder waits for the next trigger.
     """
 
-    def __init__(self, max_size: int, flush_at: int, max_batch_size: int) -> None:
+    def __init__(self, max_size: int, flush_at: int) -> None:
         self.max_size = max_size
         self.flush_at = flush_at
-        self.max_batch_size = max_batch_size
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # the sender waits here for enough messages or a flush
         self._room = threading.Condition(self._lock)  # blocked callers wait here for room
@@ -121,6 +123,9 @@ class MessageQueue:
     def take(self, flush_after: float) -> tuple[int, list[QueuedMessage]] | None:
         """Wait for a batch (``flush_at`` messages, ``flush_after`` elapsed, a flush, or closing) and take it.
 
+        The batch holds at most ``flush_at`` messages; what is left stays queued for the next trigger (at once when
+        ``flush_at`` or more are left, or a flush or close is waiting).
+
         Returns:
             ``(batch_id, messages)``, or ``None`` when the queue is closing and empty.
         """
@@ -151,9 +156,10 @@ class MessageQueue:
             return batch_id, batch
 
     def _pop_batch(self) -> list[QueuedMessage]:
+        """The oldest messages, at most ``flush_at`` of them and at most 500 KB as a request body."""
         batch: list[QueuedMessage] = []
         size = 0
-        while self._items and len(batch) < self.max_batch_size:
+        while self._items and len(batch) < self.flush_at:
             item = self._items[0]
             if batch and not batch_fits(len(batch), size, len(item.data)):
                 break

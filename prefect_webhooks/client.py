@@ -2,8 +2,8 @@
 
 Every call is validated when it is made, with the same message models the ingest API uses, and queued already
 serialised. A background thread posts batches to ``{endpoint}/v1/batch`` when ``flush_at`` messages are waiting or
-``flush_after`` seconds have passed since the last flush. A message that cannot be queued or sent always reaches
-``on_error`` and a counter; none is dropped silently.
+``flush_after`` seconds have passed since the last flush; a batch carries at most ``flush_at`` messages (and 500 KB).
+A message that cannot be queued or sent always reaches ``on_error`` and a counter; none is dropped silently.
 
 Example:
     ```python
@@ -22,7 +22,6 @@ import logging
 import os
 import sys
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -30,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prefect_webhooks.batching import MessageQueue, QueuedMessage, QueueFull, decode_messages
 from prefect_webhooks.client_transport import (
@@ -41,6 +40,7 @@ from prefect_webhooks.client_transport import (
     batch_url,
     deliver,
 )
+from prefect_webhooks.message_ids import new_message_id
 from prefect_webhooks.messages import MAX_MESSAGE_BYTES, BaseMessage, MessageError, parse_message
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.timestamps import TimestampError, parse_timestamp
@@ -76,11 +76,13 @@ class QueueFullError(DeliveryError):
 class ClientOptions(BaseModel):
     """The client's tunables, checked once at construction (the write key is kept out of here on purpose)."""
 
-    flush_at: int = Field(default=20, ge=1, description="Messages waiting that trigger a flush; 1 turns batching off.")
-    flush_after: float = Field(default=5.0, gt=0, description="Seconds since the last flush that trigger a flush.")
-    max_batch_size: int = Field(
-        default=500, ge=1, description="Most messages in one request when a backlog has built up (and ≤ 500 KB)."
+    model_config = ConfigDict(extra="forbid")
+
+    flush_at: int = Field(
+        default=20, ge=1,
+        description="Messages waiting that trigger a flush, and the most one request carries; 1 turns batching off.",
     )
+    flush_after: float = Field(default=5.0, gt=0, description="Seconds since the last flush that trigger a flush.")
     max_queue_size: int = Field(default=10_000, ge=1, description="Messages held in memory at most.")
     on_full: Literal["block", "drop"] = Field(default="block", description="What a call does when the queue is full.")
     block_timeout: float | None = Field(
@@ -171,7 +173,7 @@ def prepare_message(raw: dict[str, Any]) -> bytes:
     Raises:
         AnalyticsError: naming the field at fault; nothing is queued.
     """
-    raw["messageId"] = raw.get("messageId") or str(uuid.uuid4())
+    raw["messageId"] = raw.get("messageId") or new_message_id()
     event_time = _event_time(raw)
     # The models take the datetime as is; parsing the string form again would double the cost of a call.
     raw["timestamp"] = event_time
@@ -213,13 +215,15 @@ class Analytics:
     Args:
         write_key: The source's write key, sent as the HTTP Basic user; never logged.
         endpoint: Ingest API base URL; defaults to the ``PREFECT_WEBHOOKS_ENDPOINT`` setting.
-        flush_at: Messages waiting that trigger a flush (the seed's ``FlushAt``, default 20); 1 turns batching off.
+        flush_at: Messages waiting that trigger a flush, and the most one request carries (the seed's ``FlushAt``,
+            default 20); 1 turns batching off. A backlog goes out as several requests of ``flush_at`` messages.
         flush_after: Seconds since the last flush that trigger one (the seed's ``FlushAfter``, default 5).
         size: The seed's ``Size``: the same as ``flush_at``.
         on_error: ``on_error(error, messages)`` for every message that failed or was dropped.
         on_success: ``on_success(messages)`` for every batch the API accepted.
         **options: Any other field of ``ClientOptions`` (``max_queue_size``, ``on_full``, ``block_timeout``,
-            ``gzip``, ``max_retries``, ``max_retry_time``, ``timeout``, ``max_batch_size``, ``senders``…).
+            ``gzip``, ``max_retries``, ``max_retry_time``, ``timeout``, ``senders``…); an unknown option raises
+            ``AnalyticsError``.
 
     Example:
         ```python
@@ -248,7 +252,14 @@ class Analytics:
         if flush_at is not None and size is not None and flush_at != size:
             raise AnalyticsError("size", "size is another name for flush_at; give one or the same value")
         chosen = flush_at if flush_at is not None else size if size is not None else 20
-        self.options = ClientOptions(flush_at=chosen, flush_after=flush_after, **options)
+        try:
+            self.options = ClientOptions(flush_at=chosen, flush_after=flush_after, **options)
+        except ValidationError as exc:
+            # An option with a typo or a removed one must not be ignored: the client would not do what was asked.
+            error = exc.errors(include_url=False)[0]
+            field = ".".join(str(part) for part in error["loc"]) or "options"
+            reason = "not an option of Analytics" if error["type"] == "extra_forbidden" else error["msg"]
+            raise AnalyticsError(field, reason) from None
         self.endpoint = (endpoint or get_settings().resolved_endpoint()).rstrip("/")
         self._url = batch_url(self.endpoint)
         self._headers = {
@@ -269,9 +280,7 @@ class Analytics:
 
     def _reset_runtime(self) -> None:
         """Fresh queue, locks, counters and (lazily) sender threads: at construction and in a forked child."""
-        # flush_at=1 means "no batching": one message per request.
-        max_batch = 1 if self.options.flush_at == 1 else max(self.options.max_batch_size, self.options.flush_at)
-        self._queue = MessageQueue(self.options.max_queue_size, self.options.flush_at, max_batch)
+        self._queue = MessageQueue(self.options.max_queue_size, self.options.flush_at)
         self._abort = threading.Event()
         self._start_lock = threading.Lock()
         self._count_lock = threading.Lock()

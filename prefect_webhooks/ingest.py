@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from prefect_webhooks.messages import MAX_MESSAGE_BYTES, Alias, BaseMessage, MessageError, parse_message
 from prefect_webhooks.outbox import add_to_outbox, outbox_row
 from prefect_webhooks.payloads import outbound_payload
-from prefect_webhooks.routing import route
+from prefect_webhooks.routing import call_integrations, route
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.sources import SourceInfo
 from prefect_webhooks.store import SeenMessage, SuppressedUser, get_engine, insert_rows, store_now, to_store_time
@@ -142,12 +142,17 @@ def merge_batch_fields(
 ) -> dict[str, Any]:
     """A copy of ``raw`` with the batch-level fields merged in; the call's own values win.
 
-    ``context`` and ``integrations`` merge key by key (one level deep); ``sentAt`` fills in only when missing.
+    ``context`` and ``integrations`` merge key by key (one level deep, and ``context.integrations`` key by key too);
+    ``sentAt`` fills in only when missing.
     """
     merged = dict(raw)
     if context:
         own = merged.get("context")
         merged["context"] = {**context, **own} if isinstance(own, dict) else (own if own is not None else context)
+        batch_nested, own_nested = context.get("integrations"), (own or {}).get("integrations")
+        if isinstance(own, dict) and isinstance(batch_nested, dict) and isinstance(own_nested, dict):
+            # context.integrations routes the call (see routing): merged key by key like the top-level object.
+            merged["context"]["integrations"] = {**batch_nested, **own_nested}
     if integrations:
         own = merged.get("integrations")
         merged["integrations"] = (
@@ -204,7 +209,7 @@ def prepare_message(
         raw["messageId"] = str(uuid.uuid4())
     message = parse_message(raw)
     payload = outbound_payload(message, resolve_timestamp(message, received_at))
-    destinations = route(message.integrations, source.destinations)
+    destinations = route(call_integrations(message.integrations, message.context), source.destinations)
     rows: list[dict[str, Any]] = []
     if destinations:
         # The body is serialised once and shared by every destination's row.

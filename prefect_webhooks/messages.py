@@ -27,6 +27,8 @@ MAX_BATCH_BYTES = 500 * 1024
 MESSAGE_TYPES = ("identify", "track", "page", "screen", "group", "alias")
 
 Id = Annotated[str, Field(min_length=1, max_length=1024)]
+# Members of ``context`` that ingestion reads: ``integrations`` routes the call, ``traits`` completes an identify.
+CONTEXT_OBJECTS = ("integrations", "traits")
 
 
 class MessageError(ValueError):
@@ -64,6 +66,15 @@ class BaseMessage(BaseModel):
     def _parse_time(cls, value: Any) -> Any:
         return None if value is None else parse_timestamp(value)
 
+    @field_validator("context")
+    @classmethod
+    def _context_objects(cls, context: dict[str, Any]) -> dict[str, Any]:
+        # Both are read (routing, identify traits): a value that is not an object cannot mean what the caller meant.
+        for key in CONTEXT_OBJECTS:
+            if key in context and context[key] is not None and not isinstance(context[key], dict):
+                raise ValueError(f"context.{key} must be a JSON object, got {type(context[key]).__name__}")
+        return context
+
     @model_validator(mode="after")
     def _needs_identity(self) -> BaseMessage:
         if self.type != "alias" and not (self.user_id or self.anonymous_id):
@@ -76,10 +87,22 @@ class BaseMessage(BaseModel):
 
 
 class Identify(BaseMessage):
-    """Ties a user to traits."""
+    """Ties a user to traits.
+
+    The traits are ``traits`` merged over ``context.traits`` (``traits`` wins key by key): RudderStack's Python SDK
+    sends an identify's traits only in ``context.traits`` and its Node SDK in both places, Segment's SDKs only in
+    ``traits``, so the receiver gets the same traits whichever SDK sent them.
+    """
 
     type: Literal["identify"] = "identify"
     traits: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _traits_from_context(self) -> Identify:
+        nested = self.context.get("traits")
+        if nested:
+            self.traits = {**nested, **self.traits}
+        return self
 
 
 class Track(BaseMessage):
@@ -151,6 +174,8 @@ def _first_error(exc: ValidationError) -> MessageError:
     message = error["msg"].removeprefix("Value error, ")
     if field == "message" and "userId" in message:
         field = "userId"
+    if field == "context" and message.startswith("context."):
+        field = message.split(" ", 1)[0]
     return MessageError(field, message)
 
 

@@ -33,13 +33,21 @@ def _common(message: BaseMessage, timestamp: datetime) -> dict[str, Any]:
 
 
 def page_properties(message: Page) -> dict[str, Any]:
-    """The page's properties: the four recognised keys first (from properties, traits or context.page)."""
+    """The page's properties: the four recognised keys first (from properties, traits or context.page), then the
+    other properties, then the call's ``name`` and ``category`` unless the properties already hold them.
+
+    SDKs differ in where a page's name and category go (Segment's Node SDK copies the category into properties,
+    RudderStack's browser SDK both, the Python SDKs neither); the receiver gets them in one place whichever sent it.
+    """
     page_context = message.context.get("page") if isinstance(message.context.get("page"), dict) else {}
     recognised = {}
     for key in PAGE_PROPERTIES:
         value = message.properties.get(key, message.traits.get(key, page_context.get(key)))
         recognised[key] = _as_text(value)
     extra = {key: value for key, value in message.properties.items() if key not in recognised}
+    for key, value in (("name", message.name), ("category", message.category)):
+        if value is not None and key not in extra:
+            extra[key] = value
     return {**recognised, **extra}
 
 

@@ -1,4 +1,11 @@
-"""Routing by the ``integrations`` object: which destinations a message may reach."""
+"""Routing by the ``integrations`` object: which destinations a message may reach.
+
+A call carries its integrations object in one of two places, or both: at the top level (``integrations``, as
+Segment's HTTP API documents it and Segment's SDKs send it) and as ``context.integrations`` (as the client library
+spec puts it on the wire). Both are read; ``call_integrations`` merges them key by key, and where both name the same
+key the value in ``context.integrations`` wins: RudderStack's SDKs fill an empty top-level object with
+``{"All": true}`` on every call, so the top level often holds a default nobody chose.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 DESTINATION_NAME = "Webhooks"
+
+
+def call_integrations(integrations: Mapping[str, Any] | None, context: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The integrations object a call routes by: its top-level ``integrations`` merged with ``context.integrations``.
+
+    Args:
+        integrations: The call's top-level ``integrations`` (batch-level values already merged in).
+        context: The call's ``context``; its ``integrations`` member, when it is an object, wins key by key.
+    """
+    nested = context.get("integrations") if context else None
+    if not isinstance(nested, Mapping) or not nested:
+        return dict(integrations or {})
+    return {**(integrations or {}), **nested}
 
 
 def destination_allowed(integrations: Mapping[str, Any] | None, name: str = DESTINATION_NAME) -> bool:

@@ -5,8 +5,10 @@ triggers a reload (at most once per ``unknown_key_refresh_seconds``; a miss insi
 reload) so a source saved before a request is always found.
 Keys are looked up by their SHA-256 and the final match is confirmed with ``hmac.compare_digest``.
 
-Write keys are unique across sources. ``register_source`` checks that before saving; a registry that still finds
-two sources with one key refuses that key (both sources are named in the error, the key never is).
+Write keys are unique across sources. ``register_source`` (``aregister_source`` in async code) checks that before
+saving; a registry that still finds two sources with one key refuses that key (both sources are named in the error,
+the key never is). Every public function here has a plain form and an ``a``-prefixed async form, as Prefect's
+``save``/``asave``: none returns a coroutine that, left unawaited, would silently do nothing.
 """
 
 from __future__ import annotations
@@ -94,10 +96,7 @@ def _entry_from_document(name: str, data: dict[str, Any]) -> tuple[str, SourceIn
     return write_key, info
 
 
-async def read_source_entries() -> list[tuple[str, SourceInfo]]:
-    """Every saved Source block as ``(write_key, SourceInfo)``, read in one Prefect API call."""
-    async with get_client() as client:
-        documents = await client.read_block_documents_by_type(block_type_slug=SOURCE_BLOCK_SLUG, include_secrets=True)
+def _entries(documents: Iterable[Any]) -> list[tuple[str, SourceInfo]]:
     entries = []
     for document in documents:
         if document.is_anonymous or not document.name:
@@ -108,32 +107,80 @@ async def read_source_entries() -> list[tuple[str, SourceInfo]]:
     return entries
 
 
-async def check_unique_write_key(name: str, source: Source) -> None:
-    """Raise ``DuplicateWriteKeyError`` if another saved source (not ``name``) already uses ``source``'s key."""
+def read_source_entries() -> list[tuple[str, SourceInfo]]:
+    """Every saved Source block as ``(write_key, SourceInfo)``, read in one Prefect API call.
+
+    ``aread_source_entries`` is the same for async code.
+    """
+    with get_client(sync_client=True) as client:
+        documents = client.read_block_documents_by_type(block_type_slug=SOURCE_BLOCK_SLUG, include_secrets=True)
+    return _entries(documents)
+
+
+async def aread_source_entries() -> list[tuple[str, SourceInfo]]:
+    """Every saved Source block as ``(write_key, SourceInfo)``, read in one Prefect API call (async)."""
+    async with get_client() as client:
+        documents = await client.read_block_documents_by_type(block_type_slug=SOURCE_BLOCK_SLUG, include_secrets=True)
+    return _entries(documents)
+
+
+def _refuse_shared_key(name: str, source: Source, entries: Iterable[tuple[str, SourceInfo]]) -> None:
     key = source.write_key.get_secret_value()
-    for other_key, info in await read_source_entries():
+    for other_key, info in entries:
         if info.name != name and hmac.compare_digest(other_key.encode(), key.encode()):
             raise DuplicateWriteKeyError(info.name, name)
 
 
-async def register_source(name: str, source: Source, *, overwrite: bool = True) -> None:
+def check_unique_write_key(name: str, source: Source) -> None:
+    """Raise ``DuplicateWriteKeyError`` if another saved source (not ``name``) already uses ``source``'s key.
+
+    ``acheck_unique_write_key`` is the same for async code.
+    """
+    _refuse_shared_key(name, source, read_source_entries())
+
+
+async def acheck_unique_write_key(name: str, source: Source) -> None:
+    """Raise ``DuplicateWriteKeyError`` if another saved source (not ``name``) already uses ``source``'s key."""
+    _refuse_shared_key(name, source, await aread_source_entries())
+
+
+def register_source(name: str, source: Source, *, overwrite: bool = True) -> None:
     """Save ``source`` as block ``name`` after checking its write key is not used by another source.
 
-    Use this instead of ``Source.save`` so a duplicated key is refused before it is stored.
+    Use this instead of ``Source.save`` so a duplicated key is refused before it is stored. It is a plain function
+    (it returns when the block is saved), callable from scripts, notebooks and sync flows alike; async code uses
+    ``aregister_source``.
 
     Example:
         ```python
-        import asyncio
         from prefect_webhooks.blocks import Source
         from prefect_webhooks.sources import register_source
 
-        asyncio.run(register_source("web-app", Source(write_key="wk_live_123", destinations=["crm-webhooks"])))
+        register_source("web-app", Source(write_key="wk_live_123", destinations=["crm-webhooks"]))
         ```
 
     Raises:
         DuplicateWriteKeyError: naming both sources.
     """
-    await check_unique_write_key(name, source)
+    check_unique_write_key(name, source)
+    source.save(name, overwrite=overwrite, _sync=True)
+
+
+async def aregister_source(name: str, source: Source, *, overwrite: bool = True) -> None:
+    """``register_source`` for async code: check the write key is not another source's, then save the block.
+
+    Example:
+        ```python
+        from prefect_webhooks.blocks import Source
+        from prefect_webhooks.sources import aregister_source
+
+        await aregister_source("web-app", Source(write_key="wk_live_123", destinations=["crm-webhooks"]))
+        ```
+
+    Raises:
+        DuplicateWriteKeyError: naming both sources.
+    """
+    await acheck_unique_write_key(name, source)
     await source.asave(name, overwrite=overwrite)
 
 
@@ -172,7 +219,7 @@ class SourceRegistry:
             if self._loaded_at >= started:
                 return  # another caller refreshed while this one waited
             try:
-                entries = await read_source_entries()
+                entries = await aread_source_entries()
             except Exception as exc:
                 if self._loaded_at == float("-inf"):
                     raise SourcesUnavailableError("cannot read Source blocks from the Prefect API") from exc

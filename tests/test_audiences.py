@@ -16,7 +16,7 @@ from sqlalchemy import insert, select
 
 from prefect_webhooks import audiences
 from prefect_webhooks.audiences import AudienceDefinition, AudienceError, sync_audience
-from prefect_webhooks.snapshots import SnapshotError, SqlSnapshot
+from prefect_webhooks.snapshots import CsvSnapshot, ParquetSnapshot, SnapshotError, SqlSnapshot
 from prefect_webhooks.store import Audience, AudienceState, OutboxMessage, SuppressedUser, get_engine, store_now
 
 DESTINATIONS = {"web": ["crm", "ads"], "app": ["ads", "mail"], "quiet": []}
@@ -206,9 +206,10 @@ def test_definition_rules() -> None:
     ("query", "message"),
     [
         ("SELECT segment FROM members", "no column 'user_id'"),
-        ("SELECT NULL AS user_id UNION ALL SELECT 'u1'", "1 rows have a null or empty user id"),
-        ("SELECT 'u1' AS user_id UNION ALL SELECT 'u1' UNION ALL SELECT 'u2'", "2 rows have a duplicate user id"),
-        ("SELECT 1.5 AS user_id", "1 rows have a user id that is not a string or an integer"),
+        ("SELECT NULL AS user_id UNION ALL SELECT 'u1'", "1 row has a null or empty user id: row 1: user_id=null;"),
+        ("SELECT 'u1' AS user_id UNION ALL SELECT 'u1' UNION ALL SELECT 'u2'",
+         "2 rows have a duplicate user id .*'u1' on rows 1, 2;"),
+        ("SELECT 1.5 AS user_id", "1 row has a user id that is not a string or an integer: row 1: user_id=1.5;"),
     ],
 )
 def test_bad_snapshots_write_nothing(store_url: str, warehouse: Warehouse, query: str, message: str) -> None:
@@ -223,17 +224,19 @@ def test_bad_snapshots_write_nothing(store_url: str, warehouse: Warehouse, query
 
 def test_bad_snapshot_on_first_sync_registers_nothing(store_url: str, warehouse: Warehouse) -> None:
     warehouse.members("u1", "u1")
-    with pytest.raises(SnapshotError, match="2 rows have a duplicate user id; first offending rows: row 0"):
+    with pytest.raises(SnapshotError, match="2 rows have a duplicate user id .*'u1' on rows 1, 2;"):
         sync_audience(warehouse.audience(), DESTINATIONS)
     assert registry(store_url) == [] and outbox(store_url) == []
 
 
 def test_bad_trait_values_write_nothing(store_url: str, warehouse: Warehouse) -> None:
     warehouse.scores({"u1": 1, "u2": "lots", "u3": 2.5, "u4": "many"})
-    with pytest.raises(SnapshotError, match="2 rows have a 'score' that is not a number.*row 1.*row 3"):
+    expected = ("2 rows have a 'score' that is not a number: row 2: user_id='u2', score='lots'; "
+                "row 4: user_id='u4', score='many'; rows are numbered from 1")
+    with pytest.raises(SnapshotError, match=expected):
         sync_audience(warehouse.trait(), DESTINATIONS)
     warehouse.scores({"u1": 1, "u2": None})
-    with pytest.raises(SnapshotError, match="1 rows have a null value in 'score'"):
+    with pytest.raises(SnapshotError, match="1 row has a null value in 'score': row 2: user_id='u2', score=null;"):
         sync_audience(warehouse.trait(), DESTINATIONS)
     assert registry(store_url) == [] and outbox(store_url) == []
 
@@ -447,3 +450,69 @@ def test_a_killed_sync_leaves_nothing_and_the_rerun_sends_each_member_once(
     assert result.destinations[0].queued == 20_000
     users = Counter(row["user_id"] for row in outbox(store_url))
     assert len(users) == 20_000 and set(users.values()) == {1}
+
+
+# -- computed-trait values compare as JSON values, whatever dtype the snapshot had -------------------------------
+
+
+def lifetime_value(snapshot: Any) -> AudienceDefinition:
+    return AudienceDefinition(name="Lifetime Value", kind="computed_trait", sources=["web"], snapshot=snapshot,
+                              value_column="lifetime_value", value_type="number")
+
+
+def write_day(kind: str, path: Path, values: dict[str, Any]) -> Any:
+    """One day's snapshot file, written by pandas as a warehouse export would be (a float column: ``11.0``)."""
+    frame = pd.DataFrame({"user_id": list(values), "lifetime_value": list(values.values())})
+    if kind == "csv":
+        frame.to_csv(path / "ltv.csv", index=False)
+        return CsvSnapshot(path=str(path / "ltv.csv"))
+    frame.to_parquet(path / "ltv.parquet")
+    return ParquetSnapshot(path=str(path / "ltv.parquet"))
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_a_value_whose_column_dtype_drifted_is_not_sent_again(store_url: str, tmp_path: Path, kind: str) -> None:
+    day_one = write_day(kind, tmp_path, {"u1": 11, "u2": 20, "u3": 0})
+    sync_audience(lifetime_value(day_one), DESTINATIONS)
+    assert traits_sent(store_url) == {"u1": {"lifetime_value": 11}, "u2": {"lifetime_value": 20},
+                                      "u3": {"lifetime_value": 0}}
+
+    # One 2.5 turns the column into floats: u1 and u3 read as 11.0 and 0.0, the same numbers as yesterday.
+    day_two = write_day(kind, tmp_path, {"u1": 11, "u2": 20.5, "u3": 0, "u4": 2.5})
+    assert kind == "parquet" or "11.0" in (tmp_path / "ltv.csv").read_text()
+    result = sync_audience(lifetime_value(day_two), DESTINATIONS)
+    crm = next(row for row in result.destinations if row.destination == "crm")
+    assert (crm.added, crm.changed, crm.unchanged, crm.queued) == (1, 1, 2, 2)
+    second = [row for row in outbox(store_url)[6:] if row["destination"] == "crm"]
+    assert {row["user_id"]: row["body"]["traits"] for row in second} == {
+        "u2": {"lifetime_value": 20.5}, "u4": {"lifetime_value": 2.5}}
+
+    # And back to integers: only the real changes again.
+    day_three = write_day(kind, tmp_path, {"u1": 11, "u2": 21, "u3": 0, "u4": 2.5})
+    result = sync_audience(lifetime_value(day_three), DESTINATIONS)
+    assert [(row.changed, row.queued) for row in result.destinations if row.destination == "crm"] == [(1, 1)]
+    assert outbox(store_url)[-1]["body"]["traits"] == {"lifetime_value": 21}
+    assert state(store_url) == {"u1": "11", "u2": "21", "u3": "0", "u4": "2.5"}
+
+
+def test_state_stored_before_values_were_canonical_is_not_a_change(store_url: str, warehouse: Warehouse) -> None:
+    warehouse.scores({"u1": 11, "u2": 2.5, "u3": 7})
+    sync_audience(warehouse.trait(), DESTINATIONS)
+    sent = len(outbox(store_url))
+    # What an earlier version stored for a float column: "11.0".
+    with get_engine(store_url).begin() as connection:
+        table = AudienceState.__table__
+        connection.execute(table.update().where(table.c.user_id == "u1").values(value="11.0"))
+        connection.execute(table.update().where(table.c.user_id == "u3").values(value="7.0"))
+    warehouse.scores({"u1": 11, "u2": 2.5, "u3": 8})
+    result = sync_audience(warehouse.trait(), DESTINATIONS)
+    assert all((row.changed, row.unchanged, row.queued) == (1, 2, 1) for row in result.destinations)
+    assert [row["user_id"] for row in outbox(store_url)[sent:]] == ["u3", "u3"]
+    # The old text is rewritten in canonical form, so the next sync compares it directly.
+    assert state(store_url) == {"u1": "11", "u2": "2.5", "u3": "8"}
+
+
+def test_sql_booleans_stored_as_0_and_1_are_booleans(store_url: str, warehouse: Warehouse) -> None:
+    warehouse.scores({"u1": 1, "u2": 0})
+    sync_audience(warehouse.trait("Is Active", value_type="boolean"), DESTINATIONS)
+    assert traits_sent(store_url) == {"u1": {"is_active": True}, "u2": {"is_active": False}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import orjson
 from hypothesis import given, settings
@@ -19,7 +20,7 @@ def message(size: int) -> bytes:
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=32_000), min_size=1, max_size=120))
 def test_batches_stay_under_500kb_keep_order_and_lose_nothing(sizes: list[int]) -> None:
-    queue = MessageQueue(max_size=1_000, flush_at=1, max_batch_size=10_000)
+    queue = MessageQueue(max_size=1_000, flush_at=10_000)
     for size in sizes:
         queue.put(message(size), block_timeout=0)
     queue.close()
@@ -34,8 +35,24 @@ def test_batches_stay_under_500kb_keep_order_and_lose_nothing(sizes: list[int]) 
     assert seqs == list(range(1, len(sizes) + 1))
 
 
-def test_max_batch_size_caps_a_batch() -> None:
-    queue = MessageQueue(max_size=100, flush_at=1, max_batch_size=7)
+def test_flush_at_caps_a_batch_and_the_remainder_waits_for_the_next_trigger() -> None:
+    queue = MessageQueue(max_size=100, flush_at=20)
+    for _ in range(45):  # queued faster than the sender takes them
+        queue.put(message(1), block_timeout=0)
+    sizes = []
+    for _ in range(2):  # the count trigger fires twice: 45 and then 25 are waiting
+        batch_id, batch = queue.take(flush_after=60)
+        sizes.append(len(batch))
+        queue.settle(batch_id)
+    assert sizes == [20, 20] and len(queue) == 5
+    # 5 < flush_at: nothing more until flush_after passes (here: the timer of a short flush_after).
+    started = time.monotonic()
+    batch_id, batch = queue.take(flush_after=0.3)
+    assert len(batch) == 5 and time.monotonic() - started >= 0.2
+
+
+def test_a_flush_sends_a_backlog_in_batches_of_flush_at() -> None:
+    queue = MessageQueue(max_size=100, flush_at=7)
     for _ in range(20):
         queue.put(message(1), block_timeout=0)
     queue.close()
@@ -47,7 +64,7 @@ def test_max_batch_size_caps_a_batch() -> None:
 
 
 def test_put_fails_at_once_when_full_without_blocking() -> None:
-    queue = MessageQueue(max_size=2, flush_at=10, max_batch_size=10)
+    queue = MessageQueue(max_size=2, flush_at=10)
     queue.put(b"{}", block_timeout=0)
     queue.put(b"{}", block_timeout=0)
     try:
@@ -60,7 +77,7 @@ def test_put_fails_at_once_when_full_without_blocking() -> None:
 
 
 def test_wait_settled_waits_for_the_batch_in_flight_not_for_later_messages() -> None:
-    queue = MessageQueue(max_size=100, flush_at=1_000, max_batch_size=10)
+    queue = MessageQueue(max_size=100, flush_at=1_000)
     queue.put(b"{}", block_timeout=0)
     queue.close()  # makes take() hand out the partial batch at once
     batch_id, _ = queue.take(flush_after=60)

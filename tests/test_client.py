@@ -241,6 +241,25 @@ def test_flush_at_triggers_a_send_without_waiting_for_the_timer(receiver: Receiv
         assert len(body_of(request)["batch"]) == 5
 
 
+def test_a_batch_never_carries_more_than_flush_at(receiver: Receiver) -> None:
+    # Defaults (flush_at=20), and a flush_after long enough that only the count triggers a send.
+    with Analytics(WRITE_KEY, endpoint=f"http://127.0.0.1:{receiver.port}", flush_after=60) as analytics:
+        ids = [analytics.track("u1", "E", {"i": index}) for index in range(45)]
+        receiver.wait_for(2, timeout=10)
+        time.sleep(0.5)
+        assert [len(body_of(request)["batch"]) for request in receiver.requests] == [20, 20]
+        assert analytics.queued == 5  # the remainder waits for the next trigger
+        assert analytics.flush(10)
+    assert [len(body_of(request)["batch"]) for request in receiver.requests] == [20, 20, 5]
+    assert [message["messageId"] for message in messages_of(receiver.requests)] == ids
+
+
+def test_an_unknown_option_is_refused_not_ignored() -> None:
+    with pytest.raises(AnalyticsError) as caught:
+        Analytics(WRITE_KEY, endpoint="http://127.0.0.1:9", max_batch_size=100)
+    assert (caught.value.field, caught.value.reason) == ("max_batch_size", "not an option of Analytics")
+
+
 def test_size_is_the_same_as_flush_at(receiver: Receiver) -> None:
     with client_for(receiver, size=3, flush_after=60) as analytics:
         assert analytics.options.flush_at == 3
@@ -591,6 +610,20 @@ def test_every_call_type_lands_in_the_store(ingest_api: IngestApi) -> None:
         assert (analytics.delivered, analytics.failed) == (7, 0)
     assert recorder.errors == []
     assert sorted(ingest_api.stored_message_ids()) == sorted(ids)
+
+
+def test_integrations_at_the_top_or_in_context_keep_a_call_from_the_webhooks(ingest_api: IngestApi) -> None:
+    recorder = Recorder()
+    with Analytics(ingest_api.write_key, endpoint=ingest_api.url, on_error=recorder.on_error) as analytics:
+        kept = analytics.track("u1", "Kept")
+        analytics.track("u1", "Off at the top", integrations={"All": False})
+        analytics.track("u1", "Off in context", context={"integrations": {"All": False}})
+        analytics.identify("u1", {"plan": "pro"}, context={"integrations": {"Webhooks": False}})
+        on_again = analytics.track("u1", "On again", context={"integrations": {"All": False, "Webhooks": True}})
+        assert analytics.flush(30)
+        assert (analytics.delivered, analytics.failed) == (5, 0)
+    assert recorder.errors == []
+    assert sorted(ingest_api.stored_message_ids()) == sorted([kept, on_again])
 
 
 def test_an_unknown_write_key_reaches_on_error(ingest_api: IngestApi) -> None:

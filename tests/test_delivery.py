@@ -89,7 +89,8 @@ INBOUND = [
         {"type": "page", "userId": "u1", "name": "Home",
          "properties": {"path": "/", "referrer": "https://google.com/", "title": "Home", "url": "https://ex.com/"}},
         {"version": 1, "type": "page", "userId": "u1", "timestamp": WIRE_TIME,
-         "properties": {"path": "/", "referrer": "https://google.com/", "title": "Home", "url": "https://ex.com/"}},
+         "properties": {"path": "/", "referrer": "https://google.com/", "title": "Home", "url": "https://ex.com/",
+                        "name": "Home"}},
     ),
     (
         {"type": "screen", "userId": "u2", "name": "Settings",

@@ -245,6 +245,38 @@ def test_integrations_combinations(store_url: str, integrations: dict, routed: b
     assert result.rows_written == (2 if routed else 0)
 
 
+@pytest.mark.parametrize(
+    ("call", "batch_context", "routed"),
+    [
+        ({"context": {"integrations": {"All": False}}}, None, False),
+        ({"context": {"integrations": {"Webhooks": False}}}, None, False),
+        ({"context": {"integrations": {"All": False, "Webhooks": True}}}, None, True),
+        ({"context": {"integrations": {"webhooks": False}}}, None, True),  # keys are case-sensitive
+        # Both places: merged key by key, the context's value winning (RudderStack fills the top with All: true).
+        ({"integrations": {"All": True}, "context": {"integrations": {"All": False}}}, None, False),
+        ({"integrations": {"All": False}, "context": {"integrations": {"Webhooks": True}}}, None, True),
+        # Batch-level context.integrations reaches every call, merged with the call's own key by key.
+        ({}, {"integrations": {"All": False}}, False),
+        ({"context": {"integrations": {"Webhooks": True}}}, {"integrations": {"All": False}}, True),
+        ({"context": {"ip": "1.1.1.1"}}, {"integrations": {"Webhooks": False}}, False),
+    ],
+)
+def test_context_integrations_route_like_the_top_level_object(
+    store_url: str, call: dict, batch_context: dict | None, routed: bool
+) -> None:
+    result = ingest_batch([track("m", **call)], SOURCE, context=batch_context)
+    assert (result.accepted, result.rejected) == (1, [])
+    assert result.rows_written == (2 if routed else 0)
+
+
+@pytest.mark.parametrize("member", ["integrations", "traits"])
+def test_a_context_member_that_routes_or_completes_a_call_must_be_an_object(store_url: str, member: str) -> None:
+    result = ingest_batch([track("m", context={member: "off"})], SOURCE)
+    assert [(r.field, r.reason) for r in result.rejected] == [
+        (f"context.{member}", f"context.{member} must be a JSON object, got str")
+    ]
+
+
 def test_source_without_destinations_accepts_without_rows(store_url: str) -> None:
     result = ingest_batch([track("m")], SourceInfo(name="lonely"))
     assert (result.accepted, result.rows_written) == (1, 0)

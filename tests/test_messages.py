@@ -49,6 +49,21 @@ def test_snake_case_names_work_for_python_callers_and_wire_names_come_back() -> 
     assert parse_message(wire) == message
 
 
+def test_identify_traits_include_context_traits_with_the_calls_own_winning() -> None:
+    # RudderStack's Python SDK sends an identify's traits only in context.traits; its Node SDK in both places.
+    only_context = parse_message({"type": "identify", "userId": "u", "context": {"traits": {"plan": "pro"}}})
+    assert only_context.traits == {"plan": "pro"}
+    both = parse_message(
+        {"type": "identify", "userId": "u", "traits": {"plan": "team"}, "context": {"traits": {"plan": "pro", "a": 1}}}
+    )
+    assert both.traits == {"plan": "team", "a": 1}
+
+
+def test_context_traits_do_not_become_group_traits() -> None:
+    group = parse_message({"type": "group", "userId": "u", "groupId": "g", "context": {"traits": {"plan": "pro"}}})
+    assert group.traits == {}
+
+
 def test_unknown_fields_are_kept() -> None:
     message = parse_message({"type": "track", "userId": "u", "event": "E", "channel": "server"})
     assert message.to_wire()["channel"] == "server"

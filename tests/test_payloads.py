@@ -25,6 +25,17 @@ def test_page_has_the_four_properties_as_strings() -> None:
                        "properties": {"path": "/a", "referrer": "https://r/", "title": "A", "url": "https://ex.com/a"}}
 
 
+def test_page_name_and_category_follow_in_properties_unless_the_properties_hold_them() -> None:
+    # Segment's Node SDK copies the category into properties and the Python SDKs do not: one shape for both.
+    plain = build({"type": "page", "userId": "u", "name": "Intro", "category": "Docs", "properties": {"tab": 1}})
+    assert plain["properties"] == {"path": "", "referrer": "", "title": "", "url": "", "tab": 1, "name": "Intro",
+                                   "category": "Docs"}
+    copied = build({"type": "page", "userId": "u", "name": "Intro", "category": "Docs",
+                    "properties": {"category": "Docs"}})
+    assert copied["properties"] == {"path": "", "referrer": "", "title": "", "url": "", "category": "Docs",
+                                    "name": "Intro"}
+
+
 def test_screen_has_name_and_only_device_os_app_context() -> None:
     payload = build({"type": "screen", "userId": "u", "name": "Home",
                      "context": {"ip": "1.2.3.4", "device": {"model": "Pixel 8", "type": "android", "id": "d"},

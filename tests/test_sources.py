@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 import uuid
 
@@ -14,7 +15,10 @@ from prefect_webhooks.sources import (
     DuplicateWriteKeyError,
     SourceInfo,
     SourceRegistry,
+    aread_source_entries,
+    aregister_source,
     build_index,
+    check_unique_write_key,
     read_source_entries,
     register_source,
 )
@@ -36,7 +40,7 @@ async def test_registry_lookup_from_loaded_entries(monkeypatch: pytest.MonkeyPat
         return entries
 
     # A miss reloads; here the "saved" sources are the same ones.
-    monkeypatch.setattr(sources, "read_source_entries", saved_sources)
+    monkeypatch.setattr(sources, "aread_source_entries", saved_sources)
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0)
     registry.load(entries)
     assert await registry.lookup("key-a") == SourceInfo("a", ("crm",))
@@ -60,14 +64,14 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=1.0)
     await registry.refresh()
     reads = 0
-    real_read = sources.read_source_entries
+    real_read = sources.aread_source_entries
 
     async def counting_read() -> list[tuple[str, SourceInfo]]:
         nonlocal reads
         reads += 1
         return await real_read()
 
-    monkeypatch.setattr(sources, "read_source_entries", counting_read)
+    monkeypatch.setattr(sources, "aread_source_entries", counting_read)
     await Source(write_key=key).asave(name)
     started = time.monotonic()
     # Ten lookups of unknown keys at once, one of them just saved: one reload, after the rate limit, finds it.
@@ -81,20 +85,51 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
 async def test_read_source_entries_reads_secrets_in_one_call(prefect_harness: None) -> None:
     name, key = f"read-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     await Source(write_key=key, destinations=["x"], enabled=False).asave(name)
-    entries = dict((info.name, (write_key, info)) for write_key, info in await read_source_entries())
+    entries = dict((info.name, (write_key, info)) for write_key, info in await aread_source_entries())
     assert entries[name] == (key, SourceInfo(name, ("x",), False))
+    # The plain form reads the same, from sync code.
+    assert await asyncio.to_thread(read_source_entries) == await aread_source_entries()
 
 
-async def test_register_source_refuses_a_key_used_by_another_source(prefect_harness: None) -> None:
+async def test_aregister_source_refuses_a_key_used_by_another_source(prefect_harness: None) -> None:
     key = uuid.uuid4().hex
     first, second = f"first-{uuid.uuid4().hex[:6]}", f"second-{uuid.uuid4().hex[:6]}"
-    await register_source(first, Source(write_key=key))
+    await aregister_source(first, Source(write_key=key))
     with pytest.raises(DuplicateWriteKeyError) as caught:
-        await register_source(second, Source(write_key=key))
+        await aregister_source(second, Source(write_key=key))
     assert first in str(caught.value) and second in str(caught.value) and key not in str(caught.value)
     # Saving the same source again under its own name is fine.
-    await register_source(first, Source(write_key=key, destinations=["crm"]))
+    await aregister_source(first, Source(write_key=key, destinations=["crm"]))
     assert (await Source.aload(first)).destinations == ["crm"]
+
+
+def test_register_source_called_plainly_saves_and_checks(prefect_harness: None) -> None:
+    # Called as the README shows it, without await: it must save (a coroutine left unawaited would save nothing).
+    key = uuid.uuid4().hex
+    first, second = f"plain-{uuid.uuid4().hex[:6]}", f"plain2-{uuid.uuid4().hex[:6]}"
+    assert register_source(first, Source(write_key=key, destinations=["crm"])) is None
+    assert Source.load(first, _sync=True).destinations == ["crm"]
+    with pytest.raises(DuplicateWriteKeyError):
+        register_source(second, Source(write_key=key))
+    with pytest.raises(DuplicateWriteKeyError):
+        check_unique_write_key(second, Source(write_key=key))
+
+
+async def test_register_source_works_inside_a_running_event_loop(prefect_harness: None) -> None:
+    # e.g. a notebook cell, or sync code called from async code: still a plain call that saves.
+    name = f"in-loop-{uuid.uuid4().hex[:6]}"
+    register_source(name, Source(write_key=uuid.uuid4().hex))
+    assert (await Source.aload(name)).write_key.get_secret_value()
+
+
+def test_no_public_function_returns_an_unawaited_coroutine() -> None:
+    # Every public coroutine function of the module has a plain twin without the "a" prefix.
+    public_async = [name for name, value in vars(sources).items()
+                    if inspect.iscoroutinefunction(value) and not name.startswith("_")
+                    and getattr(value, "__module__", None) == sources.__name__]
+    assert public_async and all(name.startswith("a") and callable(getattr(sources, name[1:], None))
+                                and not inspect.iscoroutinefunction(getattr(sources, name[1:]))
+                                for name in public_async), public_async
 
 
 async def test_registry_refuses_a_duplicated_key_saved_around_the_check(prefect_harness: None) -> None:

@@ -115,6 +115,22 @@ async def test_dataframe_input(store_url: str, source: str) -> None:
     assert orjson.loads(rows(store_url)[1].body)["properties"] == {"amount": 12.5}
 
 
+async def test_context_integrations_route_imported_calls(store_url: str, source: str, tmp_path: Path) -> None:
+    path = tmp_path / "calls.csv"
+    pd.DataFrame(
+        [
+            {"type": "track", "userId": "u1", "event": "Kept", "messageId": "kept", "context": None},
+            {"type": "track", "userId": "u1", "event": "Off", "messageId": "off",
+             "context": '{"integrations": {"All": false}}'},
+            {"type": "track", "userId": "u1", "event": "Off too", "messageId": "off-too",
+             "context": '{"integrations": {"Webhooks": false}}'},
+        ]
+    ).to_csv(path, index=False)
+    result = await ingest(source, str(path))
+    assert (result["accepted"], result["rejected"]) == (3, 0)
+    assert [row.message_id for row in rows(store_url)] == ["kept"]
+
+
 async def test_disabled_source_is_refused(store_url: str, prefect_harness: None) -> None:
     name = f"off-{uuid.uuid4().hex[:8]}"
     await Source(write_key=uuid.uuid4().hex, enabled=False).asave(name)

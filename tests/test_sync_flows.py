@@ -30,6 +30,8 @@ INTERNAL_STEPS = {
     "prefect_webhooks.delivery.run_batch_plain": "deliver_due",
     "prefect_webhooks.delivery.deliver_due": "the deliver flow (users run the flow: flows.deliver.deliver)",
     "flows.deliver.publish_endpoint_artifacts": "the deliver flow",
+    "flows.deliver.publish_filtered_artifacts": "the deliver flow",
+    "flows.deliver.finish_ended_rotations": "the deliver flow",
     "flows.ingest.ingest_chunk": "the ingest flow (a task)",
     "flows.ingest.load_source": "the ingest flow",
     "flows.ingest.publish_artifacts": "the ingest flow",
@@ -78,7 +80,7 @@ def test_a_flow_called_from_sync_code_runs(prefect_harness: None, store_url: str
         summary = ingest(name, [{"type": "track", "userId": "u1", "event": "E", "messageId": "m1"}])
         assert summary["accepted"] == 1 and summary["rows_written"] == 1
         assert deliver(destination="nobody-has-this") == {"delivered": 0, "failed": 0, "rescheduled": 0,
-                                                           "batches": 0}
+                                                           "filtered": 0, "batches": 0}
         assert replay(destination="nobody-has-this") == 0
 
 

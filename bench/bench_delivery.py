@@ -158,8 +158,8 @@ async def through_flow(
     url: str, sink_url: str, payloads: list[dict], batch_size: int, parallel: int
 ) -> tuple[float, float]:
     """End to end through the Prefect ``deliver`` flow (saved block, one task run per batch); as ``ours``."""
-    from flows.deliver import deliver
     from prefect_webhooks.blocks import WebhookDestination
+    from prefect_webhooks.flows.deliver import deliver
     from prefect_webhooks.outbox import enqueue
     from prefect_webhooks.store import get_engine
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
+from uuid import UUID
 
 from prefect.blocks.core import Block
 from prefect.types import SecretDict
@@ -19,6 +20,22 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _HEADER_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")
 # Headers the delivery engine owns: a static header must not change framing, routing or the signature.
 RESERVED_HEADERS = frozenset({"content-length", "host", "transfer-encoding", "x-signature", "connection"})
+
+BlockT = TypeVar("BlockT", bound=Block)
+
+
+async def save_block(block: Block, name: str, *, overwrite: bool = False) -> UUID:
+    """Save ``block`` as ``name`` from async code, on every Prefect 3 release.
+
+    ``Block.asave`` exists from Prefect 3.7; before, ``save`` is the coroutine in async code. ``_sync=False`` asks
+    both forms for the coroutine, also inside a sync flow run.
+    """
+    return await block.save(name, overwrite=overwrite, _sync=False)  # type: ignore[call-arg,misc]
+
+
+async def load_block(block_type: type[BlockT], name: str) -> BlockT:
+    """Load the saved block ``name`` from async code, on every Prefect 3 release (``aload`` exists from 3.5)."""
+    return await block_type.load(name, _sync=False)  # type: ignore[call-arg,misc]
 
 
 def check_url(url: str) -> str:

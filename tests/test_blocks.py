@@ -11,7 +11,7 @@ from prefect.blocks.core import Block
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import ValidationError
 
-from prefect_webhooks.blocks import Source, WebhookDestination
+from prefect_webhooks.blocks import Source, WebhookDestination, load_block
 
 SECRET_VALUE = "Bearer sUp3r-s3cret-t0ken"
 
@@ -107,7 +107,7 @@ async def test_secrets_are_masked_when_read_back_through_the_api() -> None:
     assert data["shared_secret"] == "********"
     # Prefect does not mask inside lists, so the block declares the whole endpoints list secret.
     assert data["endpoints"] == "********"
-    loaded = await WebhookDestination.aload(name)
+    loaded = await load_block(WebhookDestination, name)
     assert loaded.endpoints[0].header_values() == {"Authorization": SECRET_VALUE}
     assert loaded.secret() == "k3y-value"
 
@@ -123,4 +123,4 @@ async def test_a_source_keeps_destination_names_and_a_masked_write_key() -> None
         document = await client.read_block_document_by_name(source_name, "webhooks-source", include_secrets=False)
     assert document.data["write_key"] == "********"
     assert document.data["destinations"] == [destination_name]
-    assert (await Source.aload(source_name)).write_key.get_secret_value() == "wk_live_very_secret"
+    assert (await load_block(Source, source_name)).write_key.get_secret_value() == "wk_live_very_secret"

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from prefect_webhooks import sources
-from prefect_webhooks.blocks import Source
+from prefect_webhooks.blocks import Source, load_block, save_block
 from prefect_webhooks.sources import (
     DuplicateWriteKeyError,
     SourceInfo,
@@ -50,7 +50,7 @@ async def test_registry_loads_saved_sources_and_sees_new_ones(prefect_harness: N
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0)
     await registry.refresh()
     assert await registry.lookup(key) is None
-    await Source(write_key=key, destinations=["crm", "bi"]).asave(name)
+    await save_block(Source(write_key=key, destinations=["crm", "bi"]), name)
     # An unknown key triggers a reload, so a source saved after start works at once.
     assert await registry.lookup(key) == SourceInfo(name, ("crm", "bi"), True)
 
@@ -68,7 +68,7 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
         return await real_read()
 
     monkeypatch.setattr(sources, "read_source_entries", counting_read)
-    await Source(write_key=key).asave(name)
+    await save_block(Source(write_key=key), name)
     started = time.monotonic()
     # Ten lookups of unknown keys at once, one of them just saved: one reload, after the rate limit, finds it.
     found = await asyncio.gather(registry.lookup(key), *(registry.lookup(f"nobody-{i}") for i in range(9)))
@@ -80,7 +80,7 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
 
 async def test_read_source_entries_reads_secrets_in_one_call(prefect_harness: None) -> None:
     name, key = f"read-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    await Source(write_key=key, destinations=["x"], enabled=False).asave(name)
+    await save_block(Source(write_key=key, destinations=["x"], enabled=False), name)
     entries = dict((info.name, (write_key, info)) for write_key, info in await read_source_entries())
     assert entries[name] == (key, SourceInfo(name, ("x",), False))
 
@@ -94,13 +94,13 @@ async def test_register_source_refuses_a_key_used_by_another_source(prefect_harn
     assert first in str(caught.value) and second in str(caught.value) and key not in str(caught.value)
     # Saving the same source again under its own name is fine.
     await register_source(first, Source(write_key=key, destinations=["crm"]))
-    assert (await Source.aload(first)).destinations == ["crm"]
+    assert (await load_block(Source, first)).destinations == ["crm"]
 
 
 async def test_registry_refuses_a_duplicated_key_saved_around_the_check(prefect_harness: None) -> None:
     key = uuid.uuid4().hex
-    await Source(write_key=key).asave(f"dup1-{uuid.uuid4().hex[:6]}")
-    await Source(write_key=key).asave(f"dup2-{uuid.uuid4().hex[:6]}")
+    await save_block(Source(write_key=key), f"dup1-{uuid.uuid4().hex[:6]}")
+    await save_block(Source(write_key=key), f"dup2-{uuid.uuid4().hex[:6]}")
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0.1)
     await registry.refresh()
     assert await registry.lookup(key) is None

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow]
 
-The receiver is nginx answering 200 (``/work/shared/bench/nginx-sink``), or a fast aiohttp server in another
+The receiver is nginx answering 200 (``../shared/bench/nginx-sink`` from the repository root), or a fast aiohttp server in another
 process when nginx cannot be started. In the same run it measures:
 
 1. the ceiling: a raw aiohttp POST loop (same bodies, same headers, same concurrency, one keep-alive session);
@@ -30,7 +30,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NGINX_SINK = Path("/work/shared/bench/nginx-sink")
+# shared/ lies beside the repository (bench/nginx-sink there starts the nginx receiver).
+NGINX_SINK = ROOT.parent / "shared" / "bench" / "nginx-sink"
 AIOHTTP_SINK = """
 import sys
 from aiohttp import web

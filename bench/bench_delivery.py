@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow]
 
-The receiver is nginx answering 200 (``../shared/bench/nginx-sink`` from the repository root), or a fast aiohttp server in another
-process when nginx cannot be started. In the same run it measures:
+The receiver is nginx answering 200 (``../shared/bench/nginx-sink`` from the repository root), or a fast aiohttp
+server in another process when nginx cannot be started. In the same run it measures:
 
 1. the ceiling: a raw aiohttp POST loop (same bodies, same headers, same concurrency, one keep-alive session);
 2. ours, end to end: ``deliver_due`` claims batches from a fresh SQLite outbox, signs and posts every message,

@@ -23,7 +23,6 @@ The audiences file (``PREFECT_WEBHOOKS_AUDIENCES_FILE``, default ``<home>/audien
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Mapping
 from datetime import timedelta
@@ -50,7 +49,7 @@ TAGS = ["prefect-webhooks"]
 # The keys of a prefect.yaml deployment that serve applies; `work_pool` only concerns `prefect deploy`.
 _SERVED_KEYS = {"name", "entrypoint", "description", "tags", "parameters", "schedules", "version"}
 _WORK_POOL_KEYS = {"work_pool"}
-_SCHEDULE_KEYS = {"interval", "cron", "rrule", "timezone", "active", "anchor_date", "day_or"}
+_SCHEDULE_KEYS = {"interval", "cron", "rrule", "timezone", "active"}
 # Settings that once set the served schedules; the deployments file holds them now, so serve and deploy agree.
 _REPLACED_SETTINGS = (
     "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS",
@@ -149,7 +148,7 @@ def write_definitions(
 
 
 def deployment_schedule(config: Mapping[str, Any]) -> DeploymentScheduleCreate:
-    """A prefect.yaml schedule (``interval`` in seconds, ``cron`` or ``rrule``; ``timezone``, ``active``).
+    """A prefect.yaml schedule: ``interval`` (seconds), ``cron`` or ``rrule``, with ``timezone`` and ``active``.
 
     Raises:
         ValueError: for a key serve does not apply, or a schedule with none of interval, cron and rrule.
@@ -157,24 +156,13 @@ def deployment_schedule(config: Mapping[str, Any]) -> DeploymentScheduleCreate:
     unknown = set(config) - _SCHEDULE_KEYS
     if unknown:
         raise ValueError(f"schedule keys not supported by serve: {', '.join(sorted(unknown))}")
-    timezone = config.get("timezone")
-    options = {"timezone": timezone} if timezone else {}
+    options = {"timezone": config["timezone"]} if config.get("timezone") else {}
     if config.get("cron"):
-        if config.get("day_or") is not None:
-            options["day_or"] = config["day_or"]
         schedule: Any = CronSchedule(cron=config["cron"], **options)
     elif config.get("interval"):
-        interval = config["interval"]
-        if config.get("anchor_date"):
-            options["anchor_date"] = config["anchor_date"]
-        schedule = IntervalSchedule(
-            interval=timedelta(seconds=interval) if isinstance(interval, (int, float)) else interval, **options
-        )
+        schedule = IntervalSchedule(interval=timedelta(seconds=config["interval"]), **options)
     elif config.get("rrule"):
-        rrule = config["rrule"]
-        schedule = RRuleSchedule(**json.loads(rrule)) if rrule.lstrip().startswith("{") else RRuleSchedule(
-            rrule=rrule, **options
-        )
+        schedule = RRuleSchedule(rrule=config["rrule"], **options)
     else:
         raise ValueError(f"a schedule needs interval, cron or rrule: {dict(config)}")
     return DeploymentScheduleCreate(schedule=schedule, active=config.get("active", True))

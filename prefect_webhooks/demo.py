@@ -142,10 +142,14 @@ class SigningReceiver:
             return [body for body in self.bodies if body.get("type") == message_type]
 
 
-def start_group(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start ``command`` in its own process group, output to ``log``."""
+def start_group(
+    command: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in its own process group (in ``cwd``, by default this one's), output to ``log``."""
     with log.open("ab") as handle:
-        return subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
+        )
 
 
 def stop_group(process: subprocess.Popen[bytes] | None, grace: float = 20.0) -> None:

@@ -24,6 +24,7 @@ import httpx
 import orjson
 import pytest
 
+from prefect_webhooks.demo import start_group, stop_group
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, write_definitions
 from prefect_webhooks.signing import SIGNATURE_HEADER, verify
 from tests.receivers import Receiver
@@ -102,21 +103,12 @@ def test_pip_install_keeps_the_users_prefect(user_venv: tuple[Path, str]) -> Non
 
 @contextmanager
 def _process(command: list[str | Path], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("ab") as handle:
-        process = subprocess.Popen(
-            [str(part) for part in command], env=env, stdout=handle, stderr=subprocess.STDOUT, cwd="/",
-            start_new_session=True,
-        )
+    # Away from the repository: `python -m` puts the working directory first on sys.path.
+    process = start_group([str(part) for part in command], env, log, cwd=log.parent)
     try:
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            with suppress(subprocess.TimeoutExpired):
-                process.wait(60)
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+        stop_group(process, grace=60)
 
 
 def _wait_for(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:

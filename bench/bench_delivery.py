@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow] [--variants]
 
-The receiver is nginx answering 200 (``/work/shared/bench/nginx-sink``), or a fast aiohttp server in another
-process when nginx cannot be started. In the same run it measures:
+The receiver is nginx answering 200 (``../shared/bench/nginx-sink`` from the repository root), or a fast aiohttp
+server in another process when nginx cannot be started. In the same run it measures:
 
 1. the ceiling: a raw aiohttp POST loop (same bodies, same headers, same concurrency, one keep-alive session);
 2. ours, end to end: ``deliver_due`` claims batches from a fresh SQLite outbox, signs and posts every message,
@@ -32,7 +32,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NGINX_SINK = Path("/work/shared/bench/nginx-sink")
+# shared/ lies beside the repository (bench/nginx-sink there starts the nginx receiver).
+NGINX_SINK = ROOT.parent / "shared" / "bench" / "nginx-sink"
 AIOHTTP_SINK = """
 import sys
 from aiohttp import web
@@ -172,8 +173,8 @@ async def through_flow(
     url: str, sink_url: str, payloads: list[dict], batch_size: int, parallel: int
 ) -> tuple[float, float]:
     """End to end through the Prefect ``deliver`` flow (saved block, one task run per batch); as ``ours``."""
-    from flows.deliver import deliver
     from prefect_webhooks.blocks import WebhookDestination
+    from prefect_webhooks.flows.deliver import deliver
     from prefect_webhooks.outbox import enqueue
     from prefect_webhooks.store import get_engine
 

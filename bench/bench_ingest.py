@@ -221,8 +221,8 @@ async def _paced_sender(
 
 
 def latency(args: argparse.Namespace, store_url: str, api_url: str) -> dict[str, float]:
-    from flows.deliver import deliver
     from prefect_webhooks.blocks import Source, WebhookDestination
+    from prefect_webhooks.flows.deliver import deliver
     from prefect_webhooks.settings import get_settings
     from tests.receivers import Receiver
     from tests.servers import ingest_api_process

@@ -1,12 +1,14 @@
-"""Serve entry point: the same deployments as ``prefect.yaml``, with their schedules, in one ``prefect.serve``.
+"""Serve entry point: the deployments defined in ``prefect.yaml``, with their schedules, in one ``prefect.serve``.
 
-Run it with ``python -m deployments.serve`` (``prefect-webhooks serve`` runs it next to the ingest API).
+Run it with ``python -m prefect_webhooks.deployments.serve`` (``prefect-webhooks serve`` runs it next to the ingest
+API). ``prefect.yaml`` beside this file is the one definition of the deployments (names, entrypoints, schedules,
+parameters, descriptions): ``prefect deploy --prefect-file deployments/prefect.yaml`` deploys the same ones to a
+work pool. ``PREFECT_WEBHOOKS_DEPLOYMENTS_FILE`` points serve at an edited copy.
 
-Deployments (``flow/deployment``) and schedules:
+Deployments (``flow/deployment``) as shipped:
 
-- ``deliver/continuous``: every ``deliver_interval_seconds`` (60 s); each run polls the outbox for
-  ``deliver_run_seconds`` (55 s), so delivery is continuous.
-- ``deletions/interval``: every ``deletions_interval_seconds`` (60 s); carries out requested deletions.
+- ``deliver/continuous``: every 60 s; each run claims due messages for 55 s, so delivery is continuous.
+- ``deletions/interval``: every 60 s; carries out requested deletions.
 - ``replay/on-demand``: no schedule; run it with parameters to put failed messages back to pending.
 - ``audience-sync/<name>``: one per entry of the audiences file, on that entry's cron.
 
@@ -20,21 +22,40 @@ The audiences file (``PREFECT_WEBHOOKS_AUDIENCES_FILE``, default ``<home>/audien
 
 from __future__ import annotations
 
-import argparse
+import copy
+import os
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 import yaml
+from prefect.client.schemas.actions import DeploymentScheduleCreate
+from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule, RRuleSchedule
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.flows import load_flow_from_entrypoint
 from pydantic import BaseModel, ConfigDict, Field
 
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 
+DEFINITION_FILE = Path(__file__).with_name("prefect.yaml")
 DELIVER_DEPLOYMENT = "continuous"
 DELETIONS_DEPLOYMENT = "interval"
 REPLAY_DEPLOYMENT = "on-demand"
+AUDIENCE_SYNC_ENTRYPOINT = "prefect_webhooks.flows.audience_sync.audience_sync"
 TAGS = ["prefect-webhooks"]
+
+# The keys of a prefect.yaml deployment that serve applies; `work_pool` only concerns `prefect deploy`.
+_SERVED_KEYS = {"name", "entrypoint", "description", "tags", "parameters", "schedules", "version"}
+_WORK_POOL_KEYS = {"work_pool"}
+_SCHEDULE_KEYS = {"interval", "cron", "rrule", "timezone", "active"}
+# Settings that once set the served schedules; the deployments file holds them now, so serve and deploy agree.
+_REPLACED_SETTINGS = (
+    "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS",
+    "PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS",
+    "PREFECT_WEBHOOKS_DELETIONS_INTERVAL_SECONDS",
+)
 
 
 class AudienceSchedule(BaseModel):
@@ -53,6 +74,11 @@ def audiences_path(settings: WebhooksSettings) -> Path:
     return Path(settings.audiences_file) if settings.audiences_file else settings.home / "audiences.yaml"
 
 
+def deployments_path(settings: WebhooksSettings) -> Path:
+    """The prefect.yaml whose deployments are served: the setting's, or the one shipped with the package."""
+    return Path(settings.deployments_file) if settings.deployments_file else DEFINITION_FILE
+
+
 def load_audience_schedules(path: Path) -> list[AudienceSchedule]:
     """Read the audiences file; no file means no audience deployments.
 
@@ -67,58 +93,132 @@ def load_audience_schedules(path: Path) -> list[AudienceSchedule]:
     return [AudienceSchedule.model_validate(entry) for entry in entries]
 
 
-def _deployment(flow: Any, name: str, **options: Any) -> RunnerDeployment:
-    # Module paths work from any working directory once the package is installed.
-    return flow.to_deployment(name=name, tags=TAGS, entrypoint_type=EntrypointType.MODULE_PATH, **options)
+def audience_entry(audience: AudienceSchedule) -> dict[str, Any]:
+    """The prefect.yaml deployment entry of one audience sync (serve builds it from this entry, like the others)."""
+    schedules = [{"cron": audience.cron, "timezone": audience.timezone, "active": True}] if audience.cron else []
+    return {
+        "name": audience.name,
+        "entrypoint": AUDIENCE_SYNC_ENTRYPOINT,
+        "description": f"Audience sync {audience.name}.",
+        "tags": list(TAGS),
+        "parameters": audience.parameters,
+        "schedules": schedules,
+    }
+
+
+def load_definitions(path: Path = DEFINITION_FILE) -> list[dict[str, Any]]:
+    """The deployment entries of a prefect.yaml, YAML anchors resolved.
+
+    Raises:
+        ValueError: when the file has no ``deployments`` list, or an entry has no name or entrypoint.
+    """
+    document = yaml.safe_load(path.read_text()) or {}
+    entries = document.get("deployments") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a prefect.yaml with a `deployments` list")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not entry.get("name") or not entry.get("entrypoint"):
+            raise ValueError(f"{path}: deployments[{index}] needs a `name` and an `entrypoint`")
+    return entries
+
+
+def write_definitions(
+    path: Path, changes: Mapping[str, Mapping[str, Any]], source: Path = DEFINITION_FILE
+) -> Path:
+    """Write a copy of a prefect.yaml with some fields of named deployments replaced; returns ``path``.
+
+    Args:
+        path: Where to write the copy.
+        changes: Deployment name → the fields to replace in that entry (for example
+            ``{"continuous": {"schedules": [{"interval": 20}], "parameters": {"run_for_seconds": 15}}}``).
+        source: The prefect.yaml to copy; the one shipped with the package by default.
+
+    Raises:
+        KeyError: when a deployment named in ``changes`` is not in the file.
+    """
+    document = yaml.safe_load(source.read_text())
+    entries = {entry["name"]: entry for entry in document["deployments"]}
+    for name, fields in changes.items():
+        if name not in entries:
+            raise KeyError(f"no deployment named {name!r} in {source}")
+        entries[name].update(copy.deepcopy(dict(fields)))
+    # Anchors are written out in full: the copy stands on its own.
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def deployment_schedule(config: Mapping[str, Any]) -> DeploymentScheduleCreate:
+    """A prefect.yaml schedule: ``interval`` (seconds), ``cron`` or ``rrule``, with ``timezone`` and ``active``.
+
+    Raises:
+        ValueError: for a key serve does not apply, or a schedule with none of interval, cron and rrule.
+    """
+    unknown = set(config) - _SCHEDULE_KEYS
+    if unknown:
+        raise ValueError(f"schedule keys not supported by serve: {', '.join(sorted(unknown))}")
+    options = {"timezone": config["timezone"]} if config.get("timezone") else {}
+    if config.get("cron"):
+        schedule: Any = CronSchedule(cron=config["cron"], **options)
+    elif config.get("interval"):
+        schedule = IntervalSchedule(interval=timedelta(seconds=config["interval"]), **options)
+    elif config.get("rrule"):
+        schedule = RRuleSchedule(rrule=config["rrule"], **options)
+    else:
+        raise ValueError(f"a schedule needs interval, cron or rrule: {dict(config)}")
+    return DeploymentScheduleCreate(schedule=schedule, active=config.get("active", True))
+
+
+def served_deployment(entry: Mapping[str, Any]) -> RunnerDeployment:
+    """A ``RunnerDeployment`` built from one prefect.yaml deployment entry.
+
+    Raises:
+        ValueError: for a key that serve would not apply (it would otherwise be silently ignored).
+    """
+    unknown = set(entry) - _SERVED_KEYS - _WORK_POOL_KEYS
+    if unknown:
+        raise ValueError(f"deployment {entry['name']!r}: keys not supported by serve: {', '.join(sorted(unknown))}")
+    entrypoint = str(entry["entrypoint"])
+    flow = load_flow_from_entrypoint(entrypoint)
+    return flow.to_deployment(
+        name=entry["name"],
+        description=entry.get("description"),
+        tags=list(entry.get("tags") or []),
+        parameters=dict(entry.get("parameters") or {}),
+        schedules=[deployment_schedule(schedule) for schedule in entry.get("schedules") or []],
+        version=entry.get("version"),
+        # Module paths work from any working directory once the package is installed.
+        entrypoint_type=EntrypointType.FILE_PATH if ":" in entrypoint else EntrypointType.MODULE_PATH,
+    )
 
 
 def build_deployments(settings: WebhooksSettings | None = None) -> list[RunnerDeployment]:
-    """The deployments to serve, with schedules from the settings and the audiences file."""
-    from flows.audience_sync import audience_sync
-    from flows.deletions import deletions
-    from flows.deliver import deliver
-    from flows.replay import replay
+    """The deployments to serve: those of the deployments file, then one per entry of the audiences file.
 
-    settings = settings or get_settings()
-    deployments = [
-        _deployment(
-            deliver,
-            DELIVER_DEPLOYMENT,
-            interval=timedelta(seconds=settings.deliver_interval_seconds),
-            parameters={"run_for_seconds": settings.deliver_run_seconds},
-            description="Delivers due outbox messages, polling for deliver_run_seconds per run.",
-        ),
-        _deployment(
-            deletions,
-            DELETIONS_DEPLOYMENT,
-            interval=timedelta(seconds=settings.deletions_interval_seconds),
-            description="Processes requested deletions: delete messages per affected source.",
-        ),
-        _deployment(replay, REPLAY_DEPLOYMENT, description="Puts failed messages back to pending (on demand)."),
-    ]
-    for audience in load_audience_schedules(audiences_path(settings)):
-        schedule: dict[str, Any] = {"cron": audience.cron} if audience.cron else {}
-        deployments.append(
-            _deployment(
-                audience_sync,
-                audience.name,
-                parameters=audience.parameters,
-                description=f"Audience sync {audience.name}.",
-                **schedule,
-            )
+    Raises:
+        ValueError: when a setting that no longer applies is set (it would be silently ignored otherwise).
+    """
+    replaced = [name for name in _REPLACED_SETTINGS if name in os.environ]
+    if replaced:
+        raise ValueError(
+            f"{', '.join(replaced)} no longer set(s) the served schedules: edit a copy of deployments/prefect.yaml "
+            "and set PREFECT_WEBHOOKS_DEPLOYMENTS_FILE to it"
         )
-    return deployments
+    settings = settings or get_settings()
+    entries = load_definitions(deployments_path(settings))
+    entries += [audience_entry(audience) for audience in load_audience_schedules(audiences_path(settings))]
+    return [served_deployment(entry) for entry in entries]
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve every deployment until SIGTERM/SIGINT."""
+def main(
+    limit: Annotated[
+        int | None, typer.Option(help="Most flow runs executed at once (default: Prefect's).", min=1)
+    ] = None,
+) -> None:
+    """Serve every deployment (deployments file and audiences file) until SIGTERM/SIGINT."""
     from prefect import serve
 
-    parser = argparse.ArgumentParser(prog="python -m deployments.serve", description=main.__doc__)
-    parser.add_argument("--limit", type=int, default=None, help="most flow runs executed at once")
-    args = parser.parse_args(argv)
-    serve(*build_deployments(), limit=args.limit, print_starting_message=False)
+    serve(*build_deployments(), limit=limit, print_starting_message=False)
 
 
 if __name__ == "__main__":
-    main()
+    typer.run(main)

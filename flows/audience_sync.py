@@ -2,7 +2,7 @@
 
 Run it on a schedule per audience (see ``prefect_webhooks.audiences`` for how an audience is defined and diffed)::
 
-    from flows.audience_sync import audience_sync
+    from prefect_webhooks.flows.audience_sync import audience_sync
     from prefect_webhooks.audiences import AudienceDefinition
     from prefect_webhooks.snapshots import SqlSnapshot
 
@@ -13,7 +13,8 @@ The run shows a progress artifact while the snapshot is written and a table arti
 members, added, removed, changed and unchanged users and the messages queued.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Prefect before 3.5 builds the flow's parameter model from the signature
+# without this module's namespace, so the annotations must be objects, not strings.
 
 from collections.abc import Callable, Sequence
 from uuid import UUID

@@ -3,7 +3,7 @@
 Record a request with ``request_deletion(user_id, sources=None, suppress=False)`` and let the scheduled flow pick
 it up, or pass the user directly::
 
-    from flows.deletions import deletions
+    from prefect_webhooks.flows.deletions import deletions
 
     deletions(user_id="user-123", suppress=True)
 

@@ -33,7 +33,7 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from prefect_webhooks.blocks import Source
+from prefect_webhooks.blocks import Source, load_block
 from prefect_webhooks.ingest import IngestResult, Rejection, ingest_batch
 from prefect_webhooks.sources import SourceInfo
 from prefect_webhooks.sync_flows import sync_compatible
@@ -173,7 +173,7 @@ async def ingest_chunk(calls: Sequence[Any], source: SourceInfo, first_index: in
 
 async def load_source(name: str) -> SourceInfo:
     """The saved Source block ``name`` as ingestion sees it; refuses a disabled source."""
-    block = await Source.aload(name)
+    block = await load_block(Source, name)
     if not block.enabled:
         raise ValueError(f"source {name!r} is disabled")
     return SourceInfo(name=name, destinations=tuple(block.destinations), enabled=True)
@@ -233,7 +233,7 @@ async def ingest(source: str, calls: Any, batch_size: int = 1000) -> dict[str, A
 
     Example:
         ```python
-        from flows.ingest import ingest
+        from prefect_webhooks.flows.ingest import ingest
 
         ingest("web-app", "events.jsonl")   # in async code: await ingest("web-app", "events.jsonl")
         ```

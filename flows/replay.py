@@ -1,6 +1,7 @@
 """The ``replay`` flow: put a destination's failed messages back into the outbox with a fresh deadline."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Prefect before 3.5 builds the flow's parameter model from the signature
+# without this module's namespace, so the annotations must be objects, not strings.
 
 from datetime import datetime
 

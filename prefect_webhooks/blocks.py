@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
+from uuid import UUID
 
 from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.blocks.core import Block
@@ -37,6 +38,22 @@ RESERVED_HEADERS = frozenset({
 })
 # How long a rotated-out secret stays valid by default (as Svix keeps an old endpoint secret).
 DEFAULT_ROTATION_WINDOW = timedelta(hours=24)
+
+BlockT = TypeVar("BlockT", bound=Block)
+
+
+async def save_block(block: Block, name: str, *, overwrite: bool = False) -> UUID:
+    """Save ``block`` as ``name`` from async code, on every Prefect 3 release.
+
+    ``Block.asave`` exists from Prefect 3.7; before, ``save`` is the coroutine in async code. ``_sync=False`` asks
+    both forms for the coroutine, also inside a sync flow run.
+    """
+    return await block.save(name, overwrite=overwrite, _sync=False)  # type: ignore[call-arg,misc]
+
+
+async def load_block(block_type: type[BlockT], name: str) -> BlockT:
+    """Load the saved block ``name`` from async code, on every Prefect 3 release (``aload`` exists from 3.5)."""
+    return await block_type.load(name, _sync=False)  # type: ignore[call-arg,misc]
 
 
 def check_url(url: str) -> str:
@@ -293,7 +310,7 @@ class WebhookDestination(Block):
             The new secret.
         """
         rotated, name = self._rotated(new_secret, window, force)
-        await rotated.asave(name, overwrite=True)
+        await save_block(rotated, name, overwrite=True)
         self._adopt(rotated)
         assert rotated.shared_secret is not None
         return rotated.shared_secret

@@ -1,108 +1,203 @@
-"""The ``prefect-webhooks`` console command.
+"""The ``prefect-webhooks`` console command (typer; tables printed with rich).
 
-Each subcommand is a ``Command``: a name, a help line, a function adding its options to an argparse parser and a
-function running it. To add one, write those two functions and append a ``Command`` to ``COMMANDS``.
+Each subcommand is a function decorated with ``@app.command()``: its parameters are the options, each with a help
+text, and it ends with ``raise typer.Exit(status)`` when the status is not 0. Heavy modules (uvicorn, the API,
+Prefect) are imported inside the command that needs them, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
+import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
 
+import typer
+
+from prefect_webhooks.demo import DEFAULT_TIMEOUT
+from prefect_webhooks.service import DEFAULT_GRACE_SECONDS
 from prefect_webhooks.settings import get_settings
 
+app = typer.Typer(
+    name="prefect-webhooks",
+    help="prefect-webhooks: a Segment-compatible ingest API and signed webhook delivery on Prefect.",
+    no_args_is_help=True,
+    add_completion=False,
+    # A failing command prints its own message: typer's tracebacks show local variables, which may hold secrets.
+    pretty_exceptions_enable=False,
+)
 
-@dataclass(frozen=True)
-class Command:
-    """One subcommand of ``prefect-webhooks``."""
-
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-def _configure_ingest(parser: argparse.ArgumentParser) -> None:
-    settings = get_settings()
-    parser.add_argument("--host", default=settings.ingest_host, help="Address to listen on (default: %(default)s).")
-    parser.add_argument("--port", type=int, default=settings.ingest_port, help="Port (default: %(default)s).")
-    parser.add_argument(
-        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
-        help="uvicorn log level (default: %(default)s).",
-    )
-    parser.add_argument("--access-log", action="store_true", help="Log one line per request (paths, no bodies).")
+HostOption = Annotated[
+    str | None,
+    typer.Option(help="Address the ingest API listens on (default: the ingest_host setting, 127.0.0.1)."),
+]
+PortOption = Annotated[
+    int | None,
+    typer.Option(help="Port of the ingest API (default: the ingest_port setting, 8088).", min=1, max=65535),
+]
 
 
-def _run_ingest(args: argparse.Namespace) -> int:
+class LogLevel(str, Enum):
+    """uvicorn's log levels."""
+
+    critical = "critical"
+    error = "error"
+    warning = "warning"
+    info = "info"
+    debug = "debug"
+
+
+@app.command()
+def ingest(
+    host: HostOption = None,
+    port: PortOption = None,
+    log_level: Annotated[LogLevel, typer.Option(help="uvicorn log level.")] = LogLevel.warning,
+    access_log: Annotated[
+        bool, typer.Option("--access-log", help="Log one line per request (paths, never bodies).")
+    ] = False,
+) -> None:
+    """Run the Segment-compatible ingest API (uvicorn)."""
     import uvicorn
 
     from prefect_webhooks.api import create_app, tune_gc_for_serving
 
-    app = create_app()
+    settings = get_settings()
+    api = create_app()
     tune_gc_for_serving()
     uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
+        api,
+        host=host or settings.ingest_host,
+        port=port or settings.ingest_port,
+        log_level=log_level.value,
+        access_log=access_log,
         # Clients (SDKs) keep connections open between flushes.
         timeout_keep_alive=30,
     )
-    return 0
 
 
-def _lazy(module: str, configure_name: str, run_name: str) -> tuple[Callable[..., None], Callable[..., int]]:
-    """A command's two functions from ``prefect_webhooks.<module>``, imported only when the command is used."""
-    import importlib
+@app.command()
+def serve(
+    host: HostOption = None,
+    port: PortOption = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(help="Most flow runs the served deployments execute at once (default: Prefect's).", min=1),
+    ] = None,
+    grace: Annotated[
+        float, typer.Option(help="Seconds each part (API, runner) gets to stop before it is killed.", min=0)
+    ] = DEFAULT_GRACE_SECONDS,
+) -> None:
+    """Run the ingest API and the served deployments (deployments/prefect.yaml) on this machine.
 
-    def configure(parser: argparse.ArgumentParser) -> None:
-        getattr(importlib.import_module(f"prefect_webhooks.{module}"), configure_name)(parser)
+    Needs PREFECT_API_URL (a running Prefect server). Exits 1 when a part dies, so a process manager restarts it.
+    """
+    from prefect_webhooks.service import serve as run_service
 
-    def run(args: argparse.Namespace) -> int:
-        return getattr(importlib.import_module(f"prefect_webhooks.{module}"), run_name)(args)
-
-    return configure, run
-
-
-COMMANDS: list[Command] = [
-    Command("ingest", "Run the Segment-compatible ingest API (uvicorn).", _configure_ingest, _run_ingest),
-    Command(
-        "serve",
-        "Run the ingest API and the served deployments on this machine.",
-        *_lazy("service", "configure_serve", "run_serve"),
-    ),
-    Command(
-        "status",
-        "Print backlog depth, oldest pending age and outcome counts.",
-        *_lazy("metrics", "configure_status", "run_status"),
-    ),
-    Command("demo", "Run the end-to-end demo on embedded defaults.", *_lazy("demo", "configure_demo", "run_demo_cli")),
-    Command(
-        "rotate-secret",
-        "Rotate a destination's shared secret with no downtime (the old one stays valid for a window).",
-        *_lazy("rotation", "configure_rotate_secret", "run_rotate_secret"),
-    ),
-]
+    raise typer.Exit(run_service(host, port, limit=limit, grace_seconds=grace))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(prog="prefect-webhooks", description="prefect-webhooks command line.")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
-        command.configure(sub)
-        sub.set_defaults(_run=command.run)
-    return parser
+@app.command()
+def status(
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the JSON health document instead of a table.")
+    ] = False,
+    prometheus: Annotated[
+        bool, typer.Option("--prometheus", help="Print the Prometheus text instead of a table.")
+    ] = False,
+) -> None:
+    """Print backlog depth, oldest pending age and outcome counts per destination, read from the store."""
+    from prefect_webhooks.metrics import backlog_snapshot, health_document, prometheus_text, status_table
+
+    snapshot = backlog_snapshot()
+    if as_json:
+        print(json.dumps(health_document(snapshot), indent=2))
+    elif prometheus:
+        print(prometheus_text(snapshot), end="")
+    else:
+        print(status_table(snapshot))
+
+
+@app.command()
+def demo(
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder for this run: store, Prefect database, logs (default: a new temporary folder)."),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds the traffic part may take before the demo gives up.", min=1)
+    ] = DEFAULT_TIMEOUT,
+    linger: Annotated[
+        float, typer.Option(help="Seconds to keep everything up after the summary, to browse the Prefect UI.", min=0)
+    ] = 0.0,
+) -> None:
+    """Run the end-to-end demo on embedded defaults: a local Prefect server, the service, a receiver; then stop."""
+    from prefect_webhooks.demo import run_demo
+
+    raise typer.Exit(run_demo(run_dir, timeout=timeout, linger=linger))
+
+
+@app.command("rotate-secret")
+def rotate_secret(
+    block: Annotated[str, typer.Argument(help="Name of the saved WebhookDestination block.")],
+    generate: Annotated[
+        bool, typer.Option("--generate", help="Generate a new whsec_ secret and print it once.")
+    ] = False,
+    from_env: Annotated[
+        str | None, typer.Option(metavar="VARIABLE", help="Read the new secret from this environment variable.")
+    ] = None,
+    from_stdin: Annotated[
+        bool, typer.Option("--from-stdin", help="Read the new secret from the first line of standard input.")
+    ] = False,
+    window: Annotated[
+        str,
+        typer.Option(help="How long the old secret stays valid: seconds, or 30m, 24h, 7d; 0 switches at once."),
+    ] = "24h",
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Rotate even while a rotation is in progress (the oldest secret is dropped)."),
+    ] = False,
+) -> None:
+    """Rotate a destination's shared secret with no downtime: the old one stays valid for a window.
+
+    The secret is never a command-line argument (shell history, process lists): generate one, or read it from an
+    environment variable or standard input.
+    """
+    from prefect_webhooks.rotation import describe_rotation, parse_window, rotate_destination_secret
+
+    if sum((generate, from_env is not None, from_stdin)) != 1:
+        raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")
+    try:
+        window_length = parse_window(window)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--window") from None
+    new_secret: str | None = None
+    if from_env is not None:
+        new_secret = os.environ.get(from_env)
+        if not new_secret:
+            raise typer.BadParameter(f"environment variable {from_env} is not set or empty", param_hint="--from-env")
+    elif from_stdin:
+        new_secret = sys.stdin.readline().rstrip("\r\n")
+    try:
+        outcome = rotate_destination_secret(block, new_secret, window_length, force)
+    except ValueError as exc:
+        print(f"rotate-secret: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(describe_rotation(outcome))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-webhooks`` console command; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    return args._run(args)
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="prefect-webhooks")
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or 0
+        print(exit_.code, file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

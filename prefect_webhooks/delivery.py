@@ -68,6 +68,9 @@ from prefect_webhooks.store import get_engine, store_key, store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 
+# aiohttp's timeouts raise asyncio.TimeoutError, which is the builtin TimeoutError only from Python 3.11 on.
+TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)
+
 
 def display_url(url: str) -> str:
     """A URL for logs, reasons and artifacts: scheme, host, port and path; the query (may hold tokens) dropped."""
@@ -165,7 +168,7 @@ class Sender:
                 # The handshake failed, so no HTTP request left this process; retrying cannot fix a certificate.
                 return RequestResult(url, attempted_at, PERMANENT, error=_certificate_error(url, exc),
                                      latency_ms=_ms(started))
-            except TimeoutError:
+            except TIMEOUT_ERRORS:
                 error = f"timeout after {self.settings.request_timeout:g} s"
                 return RequestResult(url, attempted_at, RETRY, error=error, latency_ms=_ms(started))
             except ValueError as exc:

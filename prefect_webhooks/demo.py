@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import secrets
@@ -37,6 +36,7 @@ import orjson
 import yaml
 
 from prefect_webhooks.signing import SIGNATURE_HEADER, verify
+from prefect_webhooks.tables import table_text
 
 DESTINATION_BLOCK = "demo-receiver"
 SOURCE_BLOCK = "demo-app"
@@ -142,10 +142,14 @@ class SigningReceiver:
             return [body for body in self.bodies if body.get("type") == message_type]
 
 
-def start_group(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start ``command`` in its own process group, output to ``log``."""
+def start_group(
+    command: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in its own process group (in ``cwd``, by default this one's), output to ``log``."""
     with log.open("ab") as handle:
-        return subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
+        )
 
 
 def stop_group(process: subprocess.Popen[bytes] | None, grace: float = 20.0) -> None:
@@ -208,11 +212,22 @@ def service_env(run_dir: Path, api_url: str, ingest_port: int, base: dict[str, s
         "PREFECT_WEBHOOKS_INGEST_PORT": str(ingest_port),
         "PREFECT_WEBHOOKS_ENDPOINT": f"http://127.0.0.1:{ingest_port}",
         "PREFECT_WEBHOOKS_AUDIENCES_FILE": str(run_dir / "audiences.yaml"),
-        # Short delivery runs, so the demo can wait for their artifacts before it ends.
-        "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "20",
-        "PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS": "15",
-        "PREFECT_WEBHOOKS_DELETIONS_INTERVAL_SECONDS": "3600",
+        "PREFECT_WEBHOOKS_DEPLOYMENTS_FILE": str(run_dir / "prefect.yaml"),
     }
+
+
+def write_deployments_file(run_dir: Path) -> None:
+    """The shipped deployments with short delivery runs, so the demo can wait for their artifacts before it ends."""
+    from prefect_webhooks.deployments.serve import DELETIONS_DEPLOYMENT, DELIVER_DEPLOYMENT, write_definitions
+
+    write_definitions(
+        run_dir / "prefect.yaml",
+        {
+            DELIVER_DEPLOYMENT: {"schedules": [{"interval": 20}], "parameters": {"run_for_seconds": 15}},
+            # The demo runs its deletion itself.
+            DELETIONS_DEPLOYMENT: {"schedules": [{"interval": 3600}]},
+        },
+    )
 
 
 def write_snapshot(path: Path, members: tuple[str, ...]) -> None:
@@ -316,12 +331,13 @@ def demo_stack(run_dir: Path | None = None, echo: bool = True) -> Iterator[DemoS
         snapshot = run_dir / "vip-users.csv"
         write_snapshot(snapshot, FIRST_MEMBERS)
         write_audiences_file(run_dir, snapshot)
+        write_deployments_file(run_dir)
         with prefect_settings(stack):
             save_blocks(stack)
         say(f"starting prefect-webhooks serve (ingest API on {stack.ingest_url}) …", flush=True)
         service_log = run_dir / "service.log"
         service = start_group(
-            [sys.executable, "-m", "prefect_webhooks.service", "--host", "127.0.0.1", "--port",
+            [sys.executable, "-m", "prefect_webhooks.cli", "serve", "--host", "127.0.0.1", "--port",
              str(stack.ingest_port), "--grace", "15"],
             stack.env,
             service_log,
@@ -408,7 +424,7 @@ def start_delivery() -> None:
     """Start a delivery run now instead of waiting for the schedule's first slot."""
     from prefect.deployments import run_deployment
 
-    from deployments.serve import DELIVER_DEPLOYMENT
+    from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT
 
     run_deployment(f"deliver/{DELIVER_DEPLOYMENT}", timeout=0)
 
@@ -457,7 +473,7 @@ def wait_for_running_deliveries(stack: DemoStack, timeout: float) -> None:
 
 def drive(stack: DemoStack, timeout: float, echo: bool = True) -> dict[str, Any]:
     """Send the traffic of a demo run through a started stack and wait for the receiver to have all of it."""
-    from deployments.serve import DELETIONS_DEPLOYMENT, DELIVER_DEPLOYMENT
+    from prefect_webhooks.deployments.serve import DELETIONS_DEPLOYMENT, DELIVER_DEPLOYMENT
 
     say = print if echo else (lambda *_args, **_kw: None)
     deadline = time.monotonic() + timeout
@@ -509,11 +525,14 @@ def report(result: dict[str, Any], stack: DemoStack) -> str:
     """The demo's closing summary: counts per type, the signature check, where to look."""
     want = expected_counts()
     counts: Counter[str] = result["counts"]
-    lines = ["", "what the receiver got:", f"  {'type':<10}{'received':>9}{'expected':>9}"]
-    for kind in (*CALL_TYPES, "delete"):
-        lines.append(f"  {kind:<10}{counts[kind]:>9}{want[kind]:>9}")
     total = result["verified"] + result["rejected"]
-    lines.append(f"  {'total':<10}{sum(counts.values()):>9}{sum(want.values()):>9}")
+    table = table_text(
+        ("type", "received", "expected"),
+        [(kind, counts[kind], want[kind]) for kind in (*CALL_TYPES, "delete")],
+        total=("total", sum(counts.values()), sum(want.values())),
+        indent=2,
+    )
+    lines = ["", "what the receiver got:", table]
     lines.append(f"signatures: {result['verified']}/{total} verified")
     lines.append("")
     lines.append(f"Prefect UI (while the demo runs): {stack.ui_url}")
@@ -553,26 +572,3 @@ def run_demo(run_dir: Path | None = None, timeout: float = DEFAULT_TIMEOUT, ling
                 time.sleep(linger)
         ok = result["rejected"] == 0 and all(result["counts"][k] >= n for k, n in expected_counts().items())
         return 0 if ok else 1
-
-
-def configure_demo(parser: argparse.ArgumentParser) -> None:
-    """Add the ``demo`` options to a parser."""
-    parser.add_argument("--run-dir", type=Path, default=None, help="folder for this run (default: a new temp dir)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds the traffic may take")
-    parser.add_argument("--linger", type=float, default=0.0, help="seconds to keep the UI up after the summary")
-
-
-def run_demo_cli(args: argparse.Namespace) -> int:
-    """Run ``demo`` from parsed options."""
-    return run_demo(args.run_dir, timeout=args.timeout, linger=args.linger)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m prefect_webhooks.demo``: the same as ``prefect-webhooks demo``."""
-    parser = argparse.ArgumentParser(prog="prefect-webhooks demo", description="Run the end-to-end demo.")
-    configure_demo(parser)
-    return run_demo_cli(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

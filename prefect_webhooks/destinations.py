@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prefect.exceptions import ObjectNotFound
 from pydantic import ValidationError
 
-from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.blocks import WebhookDestination, load_block
 from prefect_webhooks.filters import Filters, compile_filters
 from prefect_webhooks.message_headers import MessageSigner
 from prefect_webhooks.settings import get_settings
@@ -98,7 +98,7 @@ class DestinationCache:
         if entry is not None and (entry[0] == float("inf") or time.monotonic() - entry[0] < self.ttl):
             return entry[1]
         try:
-            block = await WebhookDestination.aload(name)
+            block = await load_block(WebhookDestination, name)
         except Exception as exc:
             if _is_not_found(exc):
                 raise DestinationNotFound(name) from None

@@ -7,8 +7,6 @@ store (the ingest API, a CLI on another host) reports the same figures.
 
 from __future__ import annotations
 
-import argparse
-import json
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +14,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.store import DELIVERED, FAILED, FILTERED, PENDING, OutboxMessage, get_engine, store_now
+from prefect_webhooks.tables import table_text
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS_PATH = "/metrics"
@@ -159,31 +158,24 @@ def health_document(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def status_table(snapshot: dict[str, Any]) -> str:
-    """A plain-text table of the snapshot for the ``status`` command."""
-    header = ("destination", "pending", "in flight", "oldest pending (s)", "delivered", "failed", "filtered")
-    rows = [
-        (name, f["pending"], f["in_flight"], f"{f['oldest_pending_age_seconds']:.1f}", f["delivered"], f["failed"],
-         f["filtered"])
-        for name, f in snapshot["destinations"].items()
-    ]
-    totals = snapshot["totals"]
-    rows.append(
-        (
-            "TOTAL",
-            totals["pending"],
-            totals["in_flight"],
-            f"{totals['oldest_pending_age_seconds']:.1f}",
-            totals["delivered"],
-            totals["failed"],
-            totals["filtered"],
+    """The snapshot as a text table for the ``status`` command: one row per destination, then the totals."""
+
+    def cells(name: str, figures: dict[str, Any]) -> tuple[object, ...]:
+        return (
+            name,
+            figures["pending"],
+            figures["in_flight"],
+            f"{figures['oldest_pending_age_seconds']:.1f}",
+            figures["delivered"],
+            figures["failed"],
+            figures["filtered"],
         )
+
+    return table_text(
+        ("destination", "pending", "in flight", "oldest pending (s)", "delivered", "failed", "filtered"),
+        [cells(name, figures) for name, figures in snapshot["destinations"].items()],
+        total=cells("TOTAL", snapshot["totals"]),
     )
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    rendered = [
-        "  ".join(str(cell).ljust(widths[i]) if i == 0 else str(cell).rjust(widths[i]) for i, cell in enumerate(row))
-        for row in [header, *rows]
-    ]
-    return "\n".join(rendered)
 
 
 def add_metrics_routes(app: Any, engine: Engine | None = None) -> None:
@@ -208,21 +200,3 @@ def add_metrics_routes(app: Any, engine: Engine | None = None) -> None:
 
     app.add_route(METRICS_PATH, metrics, methods=["GET"], include_in_schema=False)
     app.add_route(HEALTH_PATH, health, methods=["GET"], include_in_schema=False)
-
-
-def configure_status(parser: argparse.ArgumentParser) -> None:
-    """Add the ``status`` options to a parser."""
-    parser.add_argument("--json", action="store_true", help="print the JSON health document instead of a table")
-    parser.add_argument("--prometheus", action="store_true", help="print the Prometheus text instead of a table")
-
-
-def run_status(args: argparse.Namespace) -> int:
-    """Print backlog and outcome figures read from the store; returns 0."""
-    snapshot = backlog_snapshot()
-    if args.json:
-        print(json.dumps(health_document(snapshot), indent=2))
-    elif args.prometheus:
-        print(prometheus_text(snapshot), end="")
-    else:
-        print(status_table(snapshot))
-    return 0

@@ -10,10 +10,7 @@ saved block.
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -22,7 +19,7 @@ from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.exceptions import ObjectNotFound
 from pydantic import SecretStr, TypeAdapter
 
-from prefect_webhooks.blocks import DEFAULT_ROTATION_WINDOW, WebhookDestination
+from prefect_webhooks.blocks import DEFAULT_ROTATION_WINDOW, WebhookDestination, load_block, save_block
 
 DESTINATION_BLOCK_SLUG = "webhook-destination"
 _PAGE = 200
@@ -72,13 +69,13 @@ async def afinish_rotations(now: datetime | None = None) -> list[str]:
     now = now or datetime.now(timezone.utc)
     finished = []
     for name in await _names_with_ended_rotations(now):
-        block = await WebhookDestination.aload(name)
+        block = await load_block(WebhookDestination, name)
         # Checked again on a fresh copy: the block may have been rotated again since the listing.
         if block.previous_secret is None or block.rotation_active(now):
             continue
         block.previous_secret = None
         block.previous_secret_expires_at = None
-        await block.asave(name, overwrite=True)
+        await save_block(block, name, overwrite=True)
         finished.append(name)
     return finished
 
@@ -159,41 +156,5 @@ def parse_window(text: str) -> timedelta:
     """A duration such as ``90``, ``90s``, ``30m``, ``24h`` or ``7d``."""
     found = _DURATION.match(text)
     if not found:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use seconds, or 30m, 24h, 7d)")
+        raise ValueError(f"not a duration: {text!r} (use seconds, or 30m, 24h, 7d)")
     return timedelta(seconds=float(found.group(1)) * _UNIT_SECONDS[found.group(2)])
-
-
-def configure_rotate_secret(parser: argparse.ArgumentParser) -> None:
-    """Add the ``rotate-secret`` arguments to a parser."""
-    parser.add_argument("block", help="Name of the saved WebhookDestination block.")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--generate", action="store_true",
-                        help="Generate a new whsec_ secret and print it once.")
-    source.add_argument("--from-env", metavar="VARIABLE",
-                        help="Read the new secret from this environment variable.")
-    source.add_argument("--from-stdin", action="store_true",
-                        help="Read the new secret from the first line of standard input.")
-    parser.add_argument("--window", type=parse_window, default=DEFAULT_ROTATION_WINDOW,
-                        help="How long the old secret stays valid: seconds, or 30m, 24h, 7d (default: 24h); "
-                             "0 switches at once.")
-    parser.add_argument("--force", action="store_true",
-                        help="Rotate even while a rotation is in progress (the oldest secret is dropped at once).")
-
-
-def run_rotate_secret(args: argparse.Namespace) -> int:
-    """Rotate a destination's secret; prints what happens next. Returns 0, or 1 with the reason on stderr."""
-    new_secret: str | None = None
-    if args.from_env:
-        new_secret = os.environ.get(args.from_env)
-        if not new_secret:
-            print(f"rotate-secret: environment variable {args.from_env} is not set or empty", file=sys.stderr)
-            return 1
-    elif args.from_stdin:
-        new_secret = sys.stdin.readline().rstrip("\r\n")
-    try:
-        outcome = rotate_destination_secret(args.block, new_secret, args.window, args.force)
-    except ValueError as exc:
-        print(f"rotate-secret: {exc}", file=sys.stderr)
-        return 1
-    print(describe_rotation(outcome))
-    return 0

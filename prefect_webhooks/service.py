@@ -3,8 +3,8 @@
 It supervises two child processes, each in its own process group:
 
 - the ingest API: uvicorn running ``create_service_app`` (the ingest app with ``/metrics`` and ``/health/backlog``);
-- the deployments: ``python -m deployments.serve``, a Prefect runner serving ``deliver``, ``deletions``,
-  ``replay`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``.
+- the deployments: ``python -m prefect_webhooks.deployments.serve``, a Prefect runner serving the deployments of
+  ``deployments/prefect.yaml`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``.
 
 Shutdown on SIGTERM or SIGINT is ordered so that no claimed message is lost: the API stops accepting first and
 finishes the requests it has (a message is only acknowledged after its commit), then the runner is told to stop
@@ -17,7 +17,6 @@ If one child dies, the other is stopped too and the service exits non-zero, so a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
@@ -29,10 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
@@ -78,7 +77,7 @@ def ingest_command(host: str, port: int) -> list[str]:
 
 def deployments_command(limit: int | None = None) -> list[str]:
     """The command line that serves the deployments (``deployments/serve.py``)."""
-    command = [sys.executable, "-m", "deployments.serve"]
+    command = [sys.executable, "-m", "prefect_webhooks.deployments.serve"]
     if limit:
         command += ["--limit", str(limit)]
     return command
@@ -190,39 +189,20 @@ class Child:
         return False
 
 
-def _stat_fields(stat: Path) -> list[str] | None:
-    """The fields of a ``/proc/<pid>/stat`` file after the command name, or None when the process is gone.
-
-    The command name (2nd field) is in parentheses and may hold spaces, so the fields start after the last ``)``:
-    the state first, then the parent pid.
-    """
-    try:
-        return stat.read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-
-
 def process_running(pid: int) -> bool:
     """Whether ``pid`` exists and has not exited (a zombie waiting to be reaped counts as exited)."""
-    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
-    return bool(fields) and fields[0] != "Z"
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def descendant_pids(pid: int) -> list[int]:
-    """The processes below ``pid`` (children, grandchildren…), read from ``/proc``; empty where there is none."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        fields = _stat_fields(stat)
-        if fields and len(fields) > 1 and fields[1].isdigit():
-            parents[int(stat.parent.name)] = int(fields[1])
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [child for child, its_parent in parents.items() if its_parent == parent]
-        found.extend(children)
-        frontier.extend(children)
-    return found
+    """The processes below ``pid`` (children, grandchildren…); empty where there is none or ``pid`` is gone."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def terminate_and_wait(pids: Sequence[int], timeout: float) -> None:
@@ -235,16 +215,6 @@ def terminate_and_wait(pids: Sequence[int], timeout: float) -> None:
         time.sleep(0.05)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def dead_local_owners(owners: Sequence[str], hostname: str | None = None) -> list[str]:
     """The lease owners (``host:pid:run``, see ``delivery.new_owner``) of this host whose process is gone."""
     host = (hostname or socket.gethostname())[:40]
@@ -252,7 +222,7 @@ def dead_local_owners(owners: Sequence[str], hostname: str | None = None) -> lis
     for owner in owners:
         owner_host, _, rest = owner.partition(":")
         pid = rest.partition(":")[0]
-        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+        if owner_host == host and pid.isdigit() and not psutil.pid_exists(int(pid)):
             dead.append(owner)
     return dead
 
@@ -369,27 +339,3 @@ def serve(
         if released:
             print(f"prefect-webhooks serve: {released} interrupted deliveries returned to pending", flush=True)
     return exit_code
-
-
-def configure_serve(parser: argparse.ArgumentParser) -> None:
-    """Add the ``serve`` options to a parser."""
-    parser.add_argument("--host", default=None, help="address of the ingest API (default: the ingest_host setting)")
-    parser.add_argument("--port", type=int, default=None, help="port of the ingest API (default: ingest_port)")
-    parser.add_argument("--limit", type=int, default=None, help="most flow runs executed at once")
-    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS, help="seconds each part gets to stop")
-
-
-def run_serve(args: argparse.Namespace) -> int:
-    """Run ``serve`` from parsed options."""
-    return serve(args.host, args.port, limit=args.limit, grace_seconds=args.grace)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m prefect_webhooks.service --host H --port P``: the same as ``prefect-webhooks serve``."""
-    parser = argparse.ArgumentParser(prog="prefect-webhooks serve", description="Ingest API plus served deployments.")
-    configure_serve(parser)
-    return run_serve(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -94,16 +94,12 @@ class WebhooksSettings(BaseSettings):
     block_private_networks: bool = Field(
         default=False, description="Refuse destination URLs on loopback or private networks (SSRF guard)."
     )
-    deliver_interval_seconds: float = Field(
-        default=60.0, gt=0, description="Schedule interval of the served `deliver` deployment, in seconds."
-    )
-    deliver_run_seconds: float = Field(
-        default=55.0,
-        gt=0,
-        description="How long one scheduled `deliver` run keeps polling the outbox before it ends.",
-    )
-    deletions_interval_seconds: float = Field(
-        default=60.0, gt=0, description="Schedule interval of the served `deletions` deployment, in seconds."
+    deployments_file: str = Field(
+        default="",
+        description=(
+            "prefect.yaml whose deployments `serve` serves (schedules, parameters); empty: the one shipped with the "
+            "package (deployments/prefect.yaml), which `prefect deploy` uses too."
+        ),
     )
     audiences_file: str = Field(
         default="",

@@ -24,7 +24,7 @@ from typing import Any
 
 from prefect.client.orchestration import get_client
 
-from prefect_webhooks.blocks import Source
+from prefect_webhooks.blocks import Source, save_block
 from prefect_webhooks.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ async def aregister_source(name: str, source: Source, *, overwrite: bool = True)
         DuplicateWriteKeyError: naming both sources.
     """
     await acheck_unique_write_key(name, source)
-    await source.asave(name, overwrite=overwrite)
+    await save_block(source, name, overwrite=overwrite)
 
 
 @dataclass

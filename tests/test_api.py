@@ -310,7 +310,7 @@ def test_sdk_calls_reach_a_receiver_signed(
 ) -> None:
     from segment.analytics import Client
 
-    from flows.deliver import deliver
+    from prefect_webhooks.flows.deliver import deliver
 
     destination = f"e2e-dest-{uuid.uuid4().hex[:6]}"
     save_destination(destination, [receiver.url], shared_secret="e2e-secret")

@@ -17,7 +17,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import ValidationError
 
-from prefect_webhooks.blocks import Source, WebhookDestination
+from prefect_webhooks.blocks import Source, WebhookDestination, load_block
 
 SECRET_VALUE = "Bearer sUp3r-s3cret-t0ken"
 
@@ -113,7 +113,7 @@ async def test_secrets_are_masked_when_read_back_through_the_api() -> None:
     assert data["shared_secret"] == "********"
     # Prefect does not mask inside lists, so the block declares the whole endpoints list secret.
     assert data["endpoints"] == "********"
-    loaded = await WebhookDestination.aload(name)
+    loaded = await load_block(WebhookDestination, name)
     assert loaded.endpoints[0].header_values() == {"Authorization": SECRET_VALUE}
     assert loaded.secret() == "k3y-value"
 
@@ -129,7 +129,7 @@ async def test_a_source_keeps_destination_names_and_a_masked_write_key() -> None
         document = await client.read_block_document_by_name(source_name, "webhooks-source", include_secrets=False)
     assert document.data["write_key"] == "********"
     assert document.data["destinations"] == [destination_name]
-    assert (await Source.aload(source_name)).write_key.get_secret_value() == "wk_live_very_secret"
+    assert (await load_block(Source, source_name)).write_key.get_secret_value() == "wk_live_very_secret"
 
 
 @pytest.mark.parametrize("name", ["Idempotency-Key", "webhook-id", "Webhook-Timestamp", "WEBHOOK-SIGNATURE"])
@@ -186,7 +186,7 @@ async def test_a_rotation_is_saved_and_the_old_secret_is_masked_like_the_new() -
     await block.save(name)
     new_secret = await block.rotate_secret(window=600)
     assert new_secret.get_secret_value().startswith("whsec_")
-    loaded = await WebhookDestination.aload(name)
+    loaded = await load_block(WebhookDestination, name)
     assert loaded.secret() == new_secret.get_secret_value()
     assert loaded.previous_secret is not None and loaded.previous_secret.get_secret_value() == "old-s3cret-value"
     assert loaded.rotation_active()
@@ -209,7 +209,7 @@ async def test_a_second_rotation_inside_the_window_needs_force() -> None:
     with pytest.raises(ValueError, match="is the current shared secret"):
         await block.arotate_secret("second-secret", force=True)
     await block.arotate_secret("third-secret", force=True)
-    loaded = await WebhookDestination.aload(name)
+    loaded = await load_block(WebhookDestination, name)
     # The oldest secret is gone; the one it replaced is now the previous one.
     assert (loaded.secret(), loaded.previous_secret.get_secret_value()) == ("third-secret", "second-secret")
 
@@ -222,7 +222,7 @@ async def test_a_zero_window_switches_at_once_and_standard_webhooks_refuses_a_pl
     with pytest.raises(ValueError, match="shared_secret: a Standard Webhooks secret starts with 'whsec_'"):
         await block.arotate_secret("plain-new-secret")
     await block.arotate_secret(window=0)
-    loaded = await WebhookDestination.aload(name)
+    loaded = await load_block(WebhookDestination, name)
     assert loaded.previous_secret is None and loaded.previous_secret_expires_at is None
     assert loaded.secret() != STANDARD_SECRET
 

@@ -3,72 +3,112 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+import typer
 
-from prefect_webhooks.cli import COMMANDS, build_parser, main
-from prefect_webhooks.settings import get_settings
+from prefect_webhooks.cli import app, main
 from tests.servers import free_port
 
-
-def test_ingest_defaults_come_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PREFECT_WEBHOOKS_INGEST_PORT", "9123")
-    monkeypatch.setenv("PREFECT_WEBHOOKS_INGEST_HOST", "127.0.0.2")
-    get_settings.cache_clear()
-    try:
-        args = build_parser().parse_args(["ingest"])
-    finally:
-        get_settings.cache_clear()
-    assert (args.host, args.port) == ("127.0.0.2", 9123)
+COMMANDS = ("ingest", "serve", "status", "demo")
 
 
-def test_ingest_options_override_settings() -> None:
-    args = build_parser().parse_args(["ingest", "--host", "0.0.0.0", "--port", "8100"])
-    assert (args.host, args.port, args.access_log) == ("0.0.0.0", 8100, False)
-
-
-def test_a_subcommand_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as caught:
-        main([])
-    assert caught.value.code == 2
-    assert "COMMAND" in capsys.readouterr().err
-
-
-def test_every_command_is_listed_in_help(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    out = capsys.readouterr().out
-    assert all(command.name in out for command in COMMANDS)
-
-
-def test_console_script_serves_the_api(tmp_path: Path) -> None:
+def _script() -> str:
     script = shutil.which("prefect-webhooks", path=str(Path(sys.executable).parent))
     assert script, "the console script is installed with the package"
-    port = free_port()
-    env = {**os.environ, "PREFECT_WEBHOOKS_DATABASE_URL": f"sqlite:///{tmp_path / 'cli.db'}"}
+    return script
+
+
+def _help(*args: str) -> str:
+    """What ``prefect-webhooks ARGS --help`` prints, as a user's terminal (80 columns) shows it."""
+    done = subprocess.run(
+        [_script(), *args, "--help"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"}
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_without_a_command_the_help_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    main([])
+    printed = capsys.readouterr()
+    assert "Usage: prefect-webhooks" in printed.out + printed.err
+    assert all(name in printed.out + printed.err for name in COMMANDS)
+
+
+def test_an_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--no-such-option"]) == 2
+    assert "No such option" in capsys.readouterr().err
+
+
+def test_every_command_is_listed_in_help() -> None:
+    out = _help()
+    assert all(re.search(rf"^\W*{name}\s+\S", out, re.M) for name in COMMANDS), out
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_option_of_every_command_has_a_help_text(name: str) -> None:
+    sub = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    assert sub.help, name
+    options = [param for param in sub.params if param.param_type_name == "option"]
+    assert options, name
+    for option in options:
+        assert option.help and option.help.endswith((".", ")")), (name, option.name)
+    out = _help(name)
+    for option in options:
+        assert option.opts[0] in out, (name, option.opts[0])
+
+
+@contextmanager
+def _ingest(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
-        [script, "ingest", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [_script(), "ingest", *args], env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 60
-        status = None
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                status = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        assert status == 200
-        assert (tmp_path / "cli.db").exists()
+        yield process
     finally:
         process.terminate()
         process.wait(15)
+
+
+def _health(port: int, process: subprocess.Popen[bytes], timeout: float = 60) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return None
+
+
+def test_ingest_defaults_come_from_settings(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        "PREFECT_WEBHOOKS_DATABASE_URL": f"sqlite:///{tmp_path / 'cli.db'}",
+        "PREFECT_WEBHOOKS_INGEST_HOST": "127.0.0.1",
+        "PREFECT_WEBHOOKS_INGEST_PORT": str(port),
+    }
+    with _ingest([], env) as process:
+        assert _health(port, process) == 200
+    assert (tmp_path / "cli.db").exists()
+
+
+def test_ingest_options_override_settings(tmp_path: Path) -> None:
+    setting_port, option_port = free_port(), free_port()
+    env = {
+        "PREFECT_WEBHOOKS_DATABASE_URL": f"sqlite:///{tmp_path / 'cli.db'}",
+        "PREFECT_WEBHOOKS_INGEST_HOST": "127.0.0.2",
+        "PREFECT_WEBHOOKS_INGEST_PORT": str(setting_port),
+    }
+    with _ingest(["--host", "127.0.0.1", "--port", str(option_port)], env) as process:
+        assert _health(option_port, process) == 200
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{setting_port}/health", timeout=1)

@@ -16,8 +16,8 @@ import pytest
 from prefect import get_client
 from sqlalchemy import func, select
 
-from flows.deliver import deliver
-from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.flows.deliver import deliver
+from prefect_webhooks.blocks import WebhookDestination, load_block
 from prefect_webhooks.cli import main
 from prefect_webhooks.delivery import deliver_due
 from prefect_webhooks.outbox import OUTBOX, enqueue
@@ -128,10 +128,10 @@ async def test_the_deliver_flow_removes_the_old_secret_once_the_window_ends() ->
     await second.save(lasting)
     await first.arotate_secret("new-one", window=1.5)
     await second.arotate_secret("new-two", window=3600)
-    assert (await WebhookDestination.aload(ending)).previous_secret is not None
+    assert (await load_block(WebhookDestination, ending)).previous_secret is not None
     await asyncio.sleep(max(0.0, first.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
     await deliver()
-    ended = await WebhookDestination.aload(ending)
+    ended = await load_block(WebhookDestination, ending)
     assert ended.previous_secret is None and ended.previous_secret_expires_at is None
     assert ended.secret() == "new-one"
     async with get_client() as client:
@@ -139,7 +139,7 @@ async def test_the_deliver_flow_removes_the_old_secret_once_the_window_ends() ->
     assert stored.data["previous_secret"] is None
     assert "old-one" not in str(stored.data)
     # A rotation still inside its window is left alone.
-    kept = await WebhookDestination.aload(lasting)
+    kept = await load_block(WebhookDestination, lasting)
     assert kept.previous_secret.get_secret_value() == "old-two" and kept.rotation_active()
 
 

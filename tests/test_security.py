@@ -29,9 +29,9 @@ from prefect.settings import PREFECT_API_URL
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from flows.deliver import deliver
 from prefect_webhooks import sources
 from prefect_webhooks.blocks import Source, WebhookDestination, WebhookEndpoint
+from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.outbox import OUTBOX, enqueue
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.sources import SourceInfo, SourceRegistry

@@ -21,12 +21,16 @@ import pytest
 import yaml
 from sqlalchemy import func, select, update
 
-from deployments.serve import (
+from prefect_webhooks.deployments.serve import (
     DELETIONS_DEPLOYMENT,
     DELIVER_DEPLOYMENT,
     REPLAY_DEPLOYMENT,
     build_deployments,
+    deployment_schedule,
     load_audience_schedules,
+    load_definitions,
+    served_deployment,
+    write_definitions,
 )
 from prefect_webhooks.metrics import backlog_snapshot
 from prefect_webhooks.outbox import add_to_outbox, outbox_rows
@@ -123,9 +127,7 @@ def test_audience_file_entries(tmp_path: Path) -> None:
 def test_served_deployments_and_schedules(tmp_path: Path) -> None:
     audiences = tmp_path / "audiences.yaml"
     audiences.write_text(yaml.safe_dump([{"name": "vip", "cron": "0 * * * *", "parameters": {"definition": {}}}]))
-    settings = WebhooksSettings(
-        home=tmp_path, audiences_file=str(audiences), deliver_interval_seconds=30, deliver_run_seconds=25
-    )
+    settings = WebhooksSettings(home=tmp_path, audiences_file=str(audiences))
     deployments = {(d.flow_name, d.name): d for d in build_deployments(settings)}
 
     assert set(deployments) == {
@@ -135,33 +137,49 @@ def test_served_deployments_and_schedules(tmp_path: Path) -> None:
         ("audience-sync", "vip"),
     }
     deliver = deployments[("deliver", DELIVER_DEPLOYMENT)]
-    assert deliver.parameters == {"run_for_seconds": 25}
-    assert deliver.schedules[0].schedule.interval.total_seconds() == 30
-    assert deliver.entrypoint == "flows.deliver.deliver"
+    assert deliver.parameters == {"run_for_seconds": 55}
+    assert deliver.schedules[0].schedule.interval.total_seconds() == 60
+    assert deliver.entrypoint == "prefect_webhooks.flows.deliver.deliver"
+    assert deployments[("deletions", DELETIONS_DEPLOYMENT)].schedules[0].schedule.interval.total_seconds() == 60
     assert deployments[("replay", REPLAY_DEPLOYMENT)].schedules in (None, [])
     assert deployments[("audience-sync", "vip")].schedules[0].schedule.cron == "0 * * * *"
 
 
-def test_prefect_yaml_matches_the_served_deployments() -> None:
-    document = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-    served = {(d.flow_name, d.name) for d in build_deployments(WebhooksSettings(audiences_file="/nonexistent"))}
-    in_yaml = set()
-    for deployment in document["deployments"]:
-        assert deployment["work_pool"]["name"] == "webhooks-pool"
-        path, function = deployment["entrypoint"].split(":")
-        module = __import__(path.removesuffix(".py").replace("/", "."), fromlist=[function])
-        in_yaml.add((getattr(module, function).name, deployment["name"]))
-    # Every served deployment is in prefect.yaml (the yaml adds one example audience).
-    assert served <= in_yaml
-    assert any(flow == "audience-sync" for flow, _ in in_yaml)
+def test_an_edited_deployments_file_changes_what_is_served(tmp_path: Path) -> None:
+    edited = write_definitions(
+        tmp_path / "prefect.yaml",
+        {DELIVER_DEPLOYMENT: {"schedules": [{"interval": 30}], "parameters": {"run_for_seconds": 25}}},
+    )
+    settings = WebhooksSettings(home=tmp_path, deployments_file=str(edited))
+    deployments = {d.name: d for d in build_deployments(settings)}
+    assert deployments[DELIVER_DEPLOYMENT].parameters == {"run_for_seconds": 25}
+    assert deployments[DELIVER_DEPLOYMENT].schedules[0].schedule.interval.total_seconds() == 30
+    # The rest of the copy is the shipped definition.
+    assert deployments[DELETIONS_DEPLOYMENT].schedules[0].schedule.interval.total_seconds() == 60
+    with pytest.raises(KeyError, match="no-such-deployment"):
+        write_definitions(tmp_path / "other.yaml", {"no-such-deployment": {}})
+
+
+def test_serve_refuses_what_it_would_not_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    [deliver, *_] = load_definitions()
+    with pytest.raises(ValueError, match="keys not supported by serve: concurrency_limit"):
+        served_deployment({**deliver, "concurrency_limit": 1})
+    with pytest.raises(ValueError, match="schedule keys not supported by serve: slug"):
+        deployment_schedule({"interval": 60, "slug": "every-minute"})
+    with pytest.raises(ValueError, match="needs interval, cron or rrule"):
+        deployment_schedule({"timezone": "UTC"})
+    # The settings that once set the served schedules are refused rather than ignored.
+    monkeypatch.setenv("PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS", "15")
+    with pytest.raises(ValueError, match="PREFECT_WEBHOOKS_DEPLOYMENTS_FILE"):
+        build_deployments(WebhooksSettings(home=tmp_path))
 
 
 @contextmanager
 def running_service(env: dict[str, str], port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m prefect_webhooks.service`` in its own process group, killed (group) at the end."""
+    """``prefect-webhooks serve`` (``python -m prefect_webhooks.cli``) in its own process group, killed at the end."""
     with log.open("ab") as handle:
         process = subprocess.Popen(
-            [sys.executable, "-m", "prefect_webhooks.service", "--host", "127.0.0.1", "--port", str(port),
+            [sys.executable, "-m", "prefect_webhooks.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
              "--grace", "20"],
             env=env,
             stdout=handle,
@@ -247,8 +265,13 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
             # Long leases: rows must come back because the service released them, not because a lease expired.
             "PREFECT_WEBHOOKS_LEASE_SECONDS": "300",
             "PREFECT_WEBHOOKS_TASK_RETRIES": "0",
-            "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "3600",
-            "PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS": "120",
+            # No scheduled run: the test starts the one delivery run, which keeps claiming for 120 s.
+            "PREFECT_WEBHOOKS_DEPLOYMENTS_FILE": str(
+                write_definitions(
+                    workdir / "prefect.yaml",
+                    {DELIVER_DEPLOYMENT: {"schedules": [], "parameters": {"run_for_seconds": 120}}},
+                )
+            ),
             "PYTHONPATH": str(ROOT),
         }
         log = workdir / "service.log"
@@ -304,7 +327,9 @@ def test_a_killed_service_takes_its_parts_down(prefect_harness: None, store_url:
         "PREFECT_API_URL": PREFECT_API_URL.value(),
         "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
         "PREFECT_WEBHOOKS_HOME": str(tmp_path),
-        "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "3600",
+        "PREFECT_WEBHOOKS_DEPLOYMENTS_FILE": str(
+            write_definitions(tmp_path / "prefect.yaml", {DELIVER_DEPLOYMENT: {"schedules": []}})
+        ),
         "PYTHONPATH": str(ROOT),
     }
     log = tmp_path / "service.log"

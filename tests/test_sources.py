@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from prefect_webhooks import sources
-from prefect_webhooks.blocks import Source
+from prefect_webhooks.blocks import Source, load_block, save_block
 from prefect_webhooks.sources import (
     DuplicateWriteKeyError,
     SourceInfo,
@@ -54,7 +54,7 @@ async def test_registry_loads_saved_sources_and_sees_new_ones(prefect_harness: N
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0)
     await registry.refresh()
     assert await registry.lookup(key) is None
-    await Source(write_key=key, destinations=["crm", "bi"]).asave(name)
+    await save_block(Source(write_key=key, destinations=["crm", "bi"]), name)
     # An unknown key triggers a reload, so a source saved after start works at once.
     assert await registry.lookup(key) == SourceInfo(name, ("crm", "bi"), True)
 
@@ -72,7 +72,7 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
         return await real_read()
 
     monkeypatch.setattr(sources, "aread_source_entries", counting_read)
-    await Source(write_key=key).asave(name)
+    await save_block(Source(write_key=key), name)
     started = time.monotonic()
     # Ten lookups of unknown keys at once, one of them just saved: one reload, after the rate limit, finds it.
     found = await asyncio.gather(registry.lookup(key), *(registry.lookup(f"nobody-{i}") for i in range(9)))
@@ -84,7 +84,7 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
 
 async def test_read_source_entries_reads_secrets_in_one_call(prefect_harness: None) -> None:
     name, key = f"read-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    await Source(write_key=key, destinations=["x"], enabled=False).asave(name)
+    await save_block(Source(write_key=key, destinations=["x"], enabled=False), name)
     entries = dict((info.name, (write_key, info)) for write_key, info in await aread_source_entries())
     assert entries[name] == (key, SourceInfo(name, ("x",), False))
     # The plain form reads the same, from sync code.
@@ -100,7 +100,7 @@ async def test_aregister_source_refuses_a_key_used_by_another_source(prefect_har
     assert first in str(caught.value) and second in str(caught.value) and key not in str(caught.value)
     # Saving the same source again under its own name is fine.
     await aregister_source(first, Source(write_key=key, destinations=["crm"]))
-    assert (await Source.aload(first)).destinations == ["crm"]
+    assert (await load_block(Source, first)).destinations == ["crm"]
 
 
 def test_register_source_called_plainly_saves_and_checks(prefect_harness: None) -> None:
@@ -119,7 +119,7 @@ async def test_register_source_works_inside_a_running_event_loop(prefect_harness
     # e.g. a notebook cell, or sync code called from async code: still a plain call that saves.
     name = f"in-loop-{uuid.uuid4().hex[:6]}"
     register_source(name, Source(write_key=uuid.uuid4().hex))
-    assert (await Source.aload(name)).write_key.get_secret_value()
+    assert (await load_block(Source, name)).write_key.get_secret_value()
 
 
 def test_no_public_function_returns_an_unawaited_coroutine() -> None:
@@ -134,8 +134,8 @@ def test_no_public_function_returns_an_unawaited_coroutine() -> None:
 
 async def test_registry_refuses_a_duplicated_key_saved_around_the_check(prefect_harness: None) -> None:
     key = uuid.uuid4().hex
-    await Source(write_key=key).asave(f"dup1-{uuid.uuid4().hex[:6]}")
-    await Source(write_key=key).asave(f"dup2-{uuid.uuid4().hex[:6]}")
+    await save_block(Source(write_key=key), f"dup1-{uuid.uuid4().hex[:6]}")
+    await save_block(Source(write_key=key), f"dup2-{uuid.uuid4().hex[:6]}")
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0.1)
     await registry.refresh()
     assert await registry.lookup(key) is None

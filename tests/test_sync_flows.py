@@ -12,11 +12,11 @@ import warnings
 import pytest
 from prefect import Flow, Task, flow
 
-import flows
 import prefect_webhooks
-from flows.deliver import deliver
-from flows.ingest import ingest
-from flows.replay import replay
+import prefect_webhooks.flows
+from prefect_webhooks.flows.deliver import deliver
+from prefect_webhooks.flows.ingest import ingest
+from prefect_webhooks.flows.replay import replay
 from prefect_webhooks.blocks import Source
 from prefect_webhooks.sync_flows import SyncCompatibleFlow, sync_compatible
 
@@ -28,13 +28,13 @@ INTERNAL_STEPS = {
     "prefect_webhooks.delivery.process_batch": "deliver_due",
     "prefect_webhooks.delivery.deliver_batch": "the deliver flow's task",
     "prefect_webhooks.delivery.run_batch_plain": "deliver_due",
-    "prefect_webhooks.delivery.deliver_due": "the deliver flow (users run the flow: flows.deliver.deliver)",
-    "flows.deliver.publish_endpoint_artifacts": "the deliver flow",
-    "flows.deliver.publish_filtered_artifacts": "the deliver flow",
-    "flows.deliver.finish_ended_rotations": "the deliver flow",
-    "flows.ingest.ingest_chunk": "the ingest flow (a task)",
-    "flows.ingest.load_source": "the ingest flow",
-    "flows.ingest.publish_artifacts": "the ingest flow",
+    "prefect_webhooks.delivery.deliver_due": "the deliver flow (users run the flow: prefect_webhooks.flows.deliver)",
+    "prefect_webhooks.flows.deliver.publish_endpoint_artifacts": "the deliver flow",
+    "prefect_webhooks.flows.deliver.publish_filtered_artifacts": "the deliver flow",
+    "prefect_webhooks.flows.deliver.finish_ended_rotations": "the deliver flow",
+    "prefect_webhooks.flows.ingest.ingest_chunk": "the ingest flow (a task)",
+    "prefect_webhooks.flows.ingest.load_source": "the ingest flow",
+    "prefect_webhooks.flows.ingest.publish_artifacts": "the ingest flow",
 }
 
 
@@ -44,7 +44,7 @@ def is_async(value: object) -> bool:
 
 def public_members() -> list[tuple[str, object]]:
     found = []
-    for package in (prefect_webhooks, flows):
+    for package in (prefect_webhooks, prefect_webhooks.flows):
         for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
             module = importlib.import_module(info.name)
             for name, value in vars(module).items():

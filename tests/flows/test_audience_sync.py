@@ -13,8 +13,8 @@ import pytest
 from prefect import get_client
 from sqlalchemy import select
 
-from flows.audience_sync import artifact_key, audience_sync
 from prefect_webhooks.audiences import AudienceDefinition
+from prefect_webhooks.flows.audience_sync import artifact_key, audience_sync
 from prefect_webhooks.snapshots import SqlSnapshot
 from prefect_webhooks.store import OutboxMessage, get_engine
 from tests.servers import save_destination, save_source

@@ -10,8 +10,8 @@ import pytest
 from prefect import get_client
 from sqlalchemy import select, update
 
-from flows.deletions import ARTIFACT_KEY, deletions, source_destinations
 from prefect_webhooks.deletions import request_deletion, user_reference
+from prefect_webhooks.flows.deletions import ARTIFACT_KEY, deletions, source_destinations
 from prefect_webhooks.outbox import enqueue
 from prefect_webhooks.store import DELIVERED, OutboxMessage, SuppressedUser, get_engine
 from tests.servers import save_destination, save_source

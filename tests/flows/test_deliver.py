@@ -26,8 +26,8 @@ from prefect.events.worker import EventsWorker
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a pytest fixture)
 from sqlalchemy import select
 
-from flows.deliver import deliver
 from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine

@@ -11,8 +11,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from sqlalchemy import select
 
-from flows.ingest import ingest, load_calls, record_to_call
-from prefect_webhooks.blocks import Source
+from prefect_webhooks.blocks import Source, save_block
+from prefect_webhooks.flows.ingest import ingest, load_calls, record_to_call
 from prefect_webhooks.store import OutboxMessage, get_engine
 
 OUTBOX = OutboxMessage.__table__
@@ -21,7 +21,7 @@ OUTBOX = OutboxMessage.__table__
 @pytest.fixture
 async def source(prefect_harness: None) -> str:
     name = f"import-{uuid.uuid4().hex[:8]}"
-    await Source(write_key=uuid.uuid4().hex, destinations=["crm"]).asave(name)
+    await save_block(Source(write_key=uuid.uuid4().hex, destinations=["crm"]), name)
     return name
 
 
@@ -133,7 +133,7 @@ async def test_context_integrations_route_imported_calls(store_url: str, source:
 
 async def test_disabled_source_is_refused(store_url: str, prefect_harness: None) -> None:
     name = f"off-{uuid.uuid4().hex[:8]}"
-    await Source(write_key=uuid.uuid4().hex, enabled=False).asave(name)
+    await save_block(Source(write_key=uuid.uuid4().hex, enabled=False), name)
     state = await ingest(name, CALLS, return_state=True)
     assert state.is_failed()
     assert rows(store_url) == []

@@ -11,9 +11,9 @@ import pytest
 from prefect import get_client
 from sqlalchemy import select, update
 
-from flows.deliver import deliver
-from flows.replay import replay
 from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.flows.deliver import deliver
+from prefect_webhooks.flows.replay import replay
 from prefect_webhooks.outbox import OUTBOX, enqueue
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine

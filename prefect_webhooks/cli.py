@@ -177,7 +177,8 @@ def rotate_secret(
     if from_env is not None:
         new_secret = os.environ.get(from_env)
         if not new_secret:
-            raise typer.BadParameter(f"environment variable {from_env} is not set or empty", param_hint="--from-env")
+            print(f"rotate-secret: environment variable {from_env} is not set or empty", file=sys.stderr)
+            raise typer.Exit(1)
     elif from_stdin:
         new_secret = sys.stdin.readline().rstrip("\r\n")
     try:

@@ -199,9 +199,9 @@ def test_rotate_secret_command_names_a_missing_block(capsys: pytest.CaptureFixtu
 
 
 def test_rotate_secret_command_needs_a_source_for_the_secret(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["rotate-secret", "anything"])
-    assert "one of the arguments --generate --from-env --from-stdin is required" in capsys.readouterr().err
+    assert main(["rotate-secret", "anything"]) == 2
+    assert "give exactly one of --generate, --from-env or --from-stdin" in capsys.readouterr().err
+    assert main(["rotate-secret", "anything", "--generate", "--from-stdin"]) == 2
 
 
 def test_rotate_secret_command_reads_the_secret_from_stdin_and_finish_rotations_ends_it(

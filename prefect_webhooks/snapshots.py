@@ -255,8 +255,10 @@ def encode_value(item: Any) -> str:
     if isinstance(item, Decimal):
         item = int(item) if item == item.to_integral_value() and abs(item) < _EXACT_INTEGER else float(item)
         return encode_value(item)
-    if isinstance(item, float) and item.is_integer() and abs(item) < _EXACT_INTEGER:
-        return str(int(item))
+    if isinstance(item, float):
+        # Python's shortest round-trip repr is valid JSON for a finite float and, unlike a JSON library's output,
+        # the same on every release: state written today must compare equal after an upgrade.
+        return str(int(item)) if item.is_integer() and abs(item) < _EXACT_INTEGER else repr(item)
     return orjson.dumps(item).decode()
 
 
@@ -274,7 +276,7 @@ def _encoded_numbers(values: pd.Series) -> list[str]:
         integral = (np.trunc(array) == array) & (np.abs(array) < _EXACT_INTEGER)
         texts = np.empty(len(array), dtype=object)
         texts[integral] = array[integral].astype(np.int64).astype(str)
-        texts[~integral] = [orjson.dumps(item).decode() for item in array[~integral].tolist()]
+        texts[~integral] = [repr(item) for item in array[~integral].tolist()]
         return texts.tolist()
     return [encode_value(item) for item in array.tolist()]
 

@@ -14,10 +14,10 @@ from prefect import Flow, Task, flow
 
 import prefect_webhooks
 import prefect_webhooks.flows
+from prefect_webhooks.blocks import Source
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.flows.ingest import ingest
 from prefect_webhooks.flows.replay import replay
-from prefect_webhooks.blocks import Source
 from prefect_webhooks.sync_flows import SyncCompatibleFlow, sync_compatible
 
 # Coroutine functions that are steps of a flow or of the ingest API's event loop, not calls a user makes: each is

@@ -83,6 +83,8 @@ class Analytics:
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
         }
+        # What a call waits for room in a full queue: block_timeout in block mode, nothing in drop mode.
+        self._put_timeout = self.options.block_timeout if self.options.on_full == "block" else 0
         self._on_error = on_error
         self._on_success = on_success
         self._policy = RetryPolicy(
@@ -212,7 +214,9 @@ class Analytics:
     def _call(self, message_type: str, **fields: Any) -> str:
         """The six calls' one path: their arguments in wire form (those not given left out), then recorded."""
         raw: dict[str, Any] = {"type": message_type}
-        raw.update((name, value) for name, value in fields.items() if value is not None)
+        for name, value in fields.items():
+            if value is not None:
+                raw[name] = value
         return self._record(raw)
 
     def _record(self, raw: dict[str, Any]) -> str:
@@ -225,7 +229,7 @@ class Analytics:
         if not self._senders:
             self._start_senders()
         try:
-            self._queue.put(data, self.options.put_timeout)
+            self._queue.put(data, self._put_timeout)
         except QueueFullError as error:
             self._reporter.message_dropped(data, error)
         return raw["messageId"]

@@ -33,11 +33,6 @@ class ClientOptions(BaseModel):
     senders: int = Field(default=1, ge=1, le=16, description="Sender threads, each with one keep-alive connection.")
     atexit_timeout: float = Field(default=10.0, ge=0, description="Seconds the exit hook spends flushing.")
 
-    @property
-    def put_timeout(self) -> float | None:
-        """What ``MessageQueue.put`` waits for room: ``block_timeout`` in block mode, nothing in drop mode."""
-        return self.block_timeout if self.on_full == "block" else 0
-
 
 def client_options(flush_at: int | None, size: int | None, flush_after: float, **options: Any) -> ClientOptions:
     """The options of a new client; ``size`` (the spec's name) and ``flush_at`` are one option.

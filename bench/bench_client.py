@@ -77,7 +77,7 @@ def worker(client: str, url: str, write_key: str, messages: int) -> dict:
     report = {"accepted_s": accepted, "done_s": done, "rss_import_mb": rss_import, "rss_peak_mb": _rss_mb()}
     if client == "prefect-webhooks":
         report.update(
-            delivered=analytics.delivered, failed=analytics.failed, dropped=analytics.dropped, on_error=sum(errors)
+            uploaded=analytics.uploaded, failed=analytics.failed, dropped=analytics.dropped, on_error=sum(errors)
         )
         analytics.close()
     else:

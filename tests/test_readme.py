@@ -14,7 +14,7 @@ rendered page): ``<!-- readme-setup: warehouse -->``. Each name is a function in
 working directory just before the block; add one there for a new kind of example.
 
 A block fails when it raises, when it leaves a coroutine unawaited (a call that silently did nothing), or when
-prefect_webhooks logs a warning or an error while it runs (e.g. analytics messages that were not delivered).
+prefect_webhooks logs a warning or an error while it runs (e.g. analytics messages that were not uploaded).
 """
 
 from __future__ import annotations

@@ -5,16 +5,21 @@ import pytest
 from prefect.states import Completed, Failed
 
 from prefect_webhooks.retry import (
+    CLIENT_JITTER,
     DELIVERED,
+    DELIVERY_JITTER,
     PERMANENT,
     RETRY,
     RetryableDeliveryError,
+    backoff_delay,
     base_delay,
     classify_status,
     deadline_of,
     is_retryable_delivery_error,
+    is_retryable_status,
     next_attempt_at,
     parse_retry_after,
+    retry_after_seconds,
     retry_delay,
     task_retry_delays,
 )
@@ -35,6 +40,8 @@ SETTINGS = WebhooksSettings(retry_base_delay=5, retry_max_delay=1800, max_retry_
 )
 def test_classify_status(status: int, outcome: str) -> None:
     assert classify_status(status) == outcome
+    # The client retries exactly what delivery retries.
+    assert is_retryable_status(status) is (outcome == RETRY)
 
 
 def test_retry_after_in_seconds() -> None:
@@ -58,6 +65,37 @@ def test_retry_after_absent_or_unreadable_is_ignored() -> None:
 
 def test_retry_after_is_capped_at_a_day() -> None:
     assert parse_retry_after("99999999", NOW) == NOW + timedelta(days=1)
+
+
+def test_retry_after_seconds_reads_both_forms_against_an_aware_or_naive_now() -> None:
+    assert retry_after_seconds("2") == 2.0
+    assert retry_after_seconds(" 0.5 ") == 0.5
+    when = format_datetime(datetime(2026, 1, 1, 12, 0, 30, tzinfo=timezone.utc), usegmt=True)
+    assert retry_after_seconds(when, NOW) == 30.0
+    assert retry_after_seconds(when, NOW.replace(tzinfo=timezone.utc)) == 30.0
+    # Without ``now``, the clock: a date far ahead is far ahead (capped), one long past is now.
+    assert retry_after_seconds("Wed, 21 Oct 2099 07:28:00 GMT") == 24 * 3600
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+
+
+@pytest.mark.parametrize("value", [None, "", "soon", "-5", "inf", "1e3", "\u00b2", "\u0663"])
+def test_retry_after_seconds_ignores_what_is_not_a_delay(value: str | None) -> None:
+    assert retry_after_seconds(value, NOW) is None
+    assert parse_retry_after(value, NOW) is None
+
+
+def test_backoff_delay_doubles_to_the_cap_without_overflowing() -> None:
+    assert [backoff_delay(n, 0.5, 4.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert backoff_delay(0, 0.5, 4.0) == 0.5
+    assert backoff_delay(5_000, 0.5, 4.0) == 4.0
+
+
+@pytest.mark.parametrize(("jitter", "low", "high"), [(CLIENT_JITTER, 0.5, 1.0), (DELIVERY_JITTER, 0.8, 1.2)])
+def test_backoff_jitter_stays_in_each_senders_range(jitter: tuple[float, float], low: float, high: float) -> None:
+    for retry, ceiling in [(1, 0.5), (3, 2.0), (9, 4.0)]:
+        delays = [backoff_delay(retry, 0.5, 4.0, jitter) for _ in range(300)]
+        assert all(low * ceiling <= delay <= high * ceiling for delay in delays)
+        assert len(set(delays)) > 200  # jittered, not a fixed schedule
 
 
 def test_backoff_doubles_from_the_base_to_the_maximum() -> None:

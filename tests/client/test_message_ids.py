@@ -6,7 +6,7 @@ import os
 import threading
 import uuid
 
-from prefect_webhooks.message_ids import new_message_id
+from prefect_webhooks.client.message_ids import new_message_id
 
 
 def test_ids_are_version_4_uuids_in_their_usual_text_form() -> None:

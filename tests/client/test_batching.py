@@ -9,7 +9,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefect_webhooks.batching import MessageQueue, QueueFull, encode_batch
+from prefect_webhooks.client.batching import MessageQueue, encode_batch
+from prefect_webhooks.client.errors import QueueFullError
 from prefect_webhooks.messages import MAX_BATCH_BYTES
 
 
@@ -69,7 +70,7 @@ def test_put_fails_at_once_when_full_without_blocking() -> None:
     queue.put(b"{}", block_timeout=0)
     try:
         queue.put(b"{}", block_timeout=0)
-    except QueueFull:
+    except QueueFullError:
         pass
     else:
         raise AssertionError("a full queue accepted a message")

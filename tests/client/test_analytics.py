@@ -26,14 +26,14 @@ import pytest
 from sqlalchemy import select
 
 from prefect_webhooks import Alias, Analytics, AnalyticsError, Group, Identify, Page, Screen, Track
-from prefect_webhooks.client_transport import DeliveryError
+from prefect_webhooks.client import UploadError
 from prefect_webhooks.messages import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import OutboxMessage, get_engine
 from prefect_webhooks.timestamps import parse_timestamp
 from tests.receivers import ReceivedRequest, Receiver
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WRITE_KEY = "wk_test_secret_9f3a"
 FAST = {"backoff_base": 0.05, "backoff_cap": 0.2}
 
@@ -294,13 +294,13 @@ def test_flush_at_one_sends_every_call_on_its_own(receiver: Receiver) -> None:
     [500, 502, 503, 408, {"reset": True}, {"status": 429, "headers": {"Retry-After": "0"}}],
     ids=["500", "502", "503", "408", "reset", "429"],
 )
-def test_transient_failures_are_retried_until_delivered(failure: Any) -> None:
+def test_transient_failures_are_retried_until_uploaded(failure: Any) -> None:
     recorder = Recorder()
     with Receiver(script=[failure, failure]) as receiver:
         with client_for(receiver, on_error=recorder.on_error, on_success=recorder.on_success) as analytics:
             ids = [analytics.track("u1", "E", {"i": i}) for i in range(3)]
             assert analytics.flush(20)
-            assert (analytics.delivered, analytics.failed, analytics.dropped) == (3, 0, 0)
+            assert (analytics.uploaded, analytics.failed, analytics.dropped) == (3, 0, 0)
         requests = receiver.requests
     assert len(requests) == 3
     assert [[m["messageId"] for m in body_of(r)["batch"]] for r in requests] == [ids] * 3
@@ -327,7 +327,7 @@ def test_an_answer_slower_than_the_timeout_is_retried() -> None:
         with client_for(receiver, timeout=0.3) as analytics:
             analytics.track("u1", "E")
             assert analytics.flush(20)
-            assert analytics.delivered == 1 and analytics.failed == 0
+            assert analytics.uploaded == 1 and analytics.failed == 0
         assert len(receiver.requests) == 2
 
 
@@ -338,10 +338,10 @@ def test_other_4xx_fail_at_once_and_reach_on_error(status: int) -> None:
         with client_for(receiver, on_error=recorder.on_error) as analytics:
             ids = [analytics.track("u1", "E", {"i": i}) for i in range(4)]
             assert analytics.flush(20)
-            assert (analytics.delivered, analytics.failed) == (0, 4)
+            assert (analytics.uploaded, analytics.failed) == (0, 4)
         assert len(receiver.requests) == 1
     [(error, messages)] = recorder.errors
-    assert isinstance(error, DeliveryError) and error.status == status
+    assert isinstance(error, UploadError) and error.status == status
     assert [m["messageId"] for m in messages] == ids
     assert WRITE_KEY not in str(error)
 
@@ -380,7 +380,7 @@ def test_calls_are_accepted_while_a_batch_backs_off() -> None:
         later = [analytics.track("u1", "E", {"i": i}) for i in range(2, 200)]
         assert time.monotonic() - started < 0.5, "calls must not wait for the backing-off batch"
         assert analytics.flush(20)
-        assert analytics.delivered == 200
+        assert analytics.uploaded == 200
     ids = [m["messageId"] for m in messages_of(receiver.requests[3:])]
     assert sorted(ids) == sorted(first + later)
 
@@ -402,9 +402,9 @@ def test_drop_mode_reports_every_dropped_message() -> None:
         assert recorder.error_ids() == dropped
         assert all("queue full" in str(error) for error, _ in recorder.errors)
         assert analytics.flush(20)
-        assert (analytics.delivered, analytics.failed, analytics.dropped) == (4, 0, 2)
-    delivered = [m["messageId"] for m in messages_of(receiver.requests)]
-    assert delivered[1:] == kept
+        assert (analytics.uploaded, analytics.failed, analytics.dropped) == (4, 0, 2)
+    received = [m["messageId"] for m in messages_of(receiver.requests)]
+    assert received[1:] == kept
 
 
 def test_block_mode_waits_for_room_instead_of_dropping() -> None:
@@ -419,7 +419,7 @@ def test_block_mode_waits_for_room_instead_of_dropping() -> None:
             analytics.track("u1", "E", {"i": index})
         blocked_for = time.monotonic() - started
         assert analytics.flush(20)
-        assert (analytics.delivered, analytics.dropped) == (6, 0)
+        assert (analytics.uploaded, analytics.dropped) == (6, 0)
     assert blocked_for > 0.3
     assert sorted(m["properties"]["i"] for m in messages_of(receiver.requests)) == list(range(6))
 
@@ -471,7 +471,7 @@ def test_many_threads_each_message_exactly_once(receiver: Receiver) -> None:
         for thread in threads:
             thread.join()
         assert analytics.flush(60)
-        assert (analytics.delivered, analytics.dropped, analytics.failed) == (8 * per_thread, 0, 0)
+        assert (analytics.uploaded, analytics.dropped, analytics.failed) == (8 * per_thread, 0, 0)
     received = [m["messageId"] for m in messages_of(receiver.requests)]
     assert len(received) == len(set(received)) == 8 * per_thread
     assert set(received) == {i for ids in results for i in ids}
@@ -501,10 +501,10 @@ def test_a_forked_child_sends_its_own_messages(receiver: Receiver) -> None:
             assert analytics.queued == 0, analytics.queued
             analytics.track("u1", "In child", {{"pid": os.getpid()}})
             ok = analytics.flush(20)
-            os._exit(0 if ok and analytics.delivered == 1 else 3)
+            os._exit(0 if ok and analytics.uploaded == 1 else 3)
         _, status = os.waitpid(pid, 0)
         analytics.track("u1", "After fork")
-        assert analytics.flush(20) and analytics.delivered == 2, analytics.delivered
+        assert analytics.flush(20) and analytics.uploaded == 2, analytics.uploaded
         print("child", os.waitstatus_to_exitcode(status))
         """
     )
@@ -512,6 +512,21 @@ def test_a_forked_child_sends_its_own_messages(receiver: Receiver) -> None:
     assert result.stdout.split() == ["child", "0"]
     events = sorted(m["event"] for m in messages_of(receiver.requests))
     assert events == ["After fork", "Before fork", "In child"]
+
+
+def test_importing_the_client_does_not_import_prefect() -> None:
+    # An application that only sends events pays for the client alone (importing Prefect costs seconds).
+    result = run_script(
+        """
+        import sys
+        from prefect_webhooks import Analytics, AnalyticsError
+        from prefect_webhooks.client import UploadError
+        Analytics("wk", endpoint="http://127.0.0.1:9").close()
+        print(sorted(name for name in sys.modules if name == "prefect" or name.startswith("prefect.")))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_debug_env_logs_without_the_write_key(receiver: Receiver) -> None:
@@ -607,7 +622,7 @@ def test_every_call_type_lands_in_the_store(ingest_api: IngestApi) -> None:
             analytics.enqueue(Track(user_id="u2", event="Viewed", timestamp="2020-01-02T03:04:05Z")),
         ]
         assert analytics.flush(30)
-        assert (analytics.delivered, analytics.failed) == (7, 0)
+        assert (analytics.uploaded, analytics.failed) == (7, 0)
     assert recorder.errors == []
     assert sorted(ingest_api.stored_message_ids()) == sorted(ids)
 
@@ -621,7 +636,7 @@ def test_integrations_at_the_top_or_in_context_keep_a_call_from_the_webhooks(ing
         analytics.identify("u1", {"plan": "pro"}, context={"integrations": {"Webhooks": False}})
         on_again = analytics.track("u1", "On again", context={"integrations": {"All": False, "Webhooks": True}})
         assert analytics.flush(30)
-        assert (analytics.delivered, analytics.failed) == (5, 0)
+        assert (analytics.uploaded, analytics.failed) == (5, 0)
     assert recorder.errors == []
     assert sorted(ingest_api.stored_message_ids()) == sorted([kept, on_again])
 
@@ -659,7 +674,7 @@ def test_100k_calls_from_8_threads_arrive_exactly_once(ingest_api: IngestApi) ->
         assert analytics.flush(300)
         # The reasons first, so a failure says why a batch did not arrive.
         assert [repr(error) for error, _ in recorder.errors] == []
-        assert (analytics.delivered, analytics.failed, analytics.dropped) == (100_000, 0, 0)
+        assert (analytics.uploaded, analytics.failed, analytics.dropped) == (100_000, 0, 0)
     stored = ingest_api.stored_message_ids()
     assert len(stored) == len(set(stored)) == 100_000
     assert set(stored) == {message_id for ids in results for message_id in ids}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from prefect_webhooks.client.errors import QueueFullError
 from prefect_webhooks.messages import MAX_BATCH_BYTES
 
 _BATCH_HEAD = b'{"batch":['
@@ -50,10 +51,6 @@ def batch_fits(count: int, size: int, next_size: int, max_bytes: int = MAX_BATCH
     return len(_BATCH_HEAD) + size + count + next_size + _BATCH_TAIL_RESERVE <= max_bytes
 
 
-class QueueFull(Exception):
-    """Raised by ``MessageQueue.put`` when no room was made within the allowed wait."""
-
-
 class MessageQueue:
     """A bounded FIFO of encoded messages shared by the callers' threads and one sender thread.
 
@@ -80,7 +77,7 @@ class MessageQueue:
         self._room_waiters = 0
         self._senders_waiting = 0
         self._closing = False
-        self.last_flush = time.monotonic()
+        self._last_flush = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -93,7 +90,7 @@ class MessageQueue:
             block_timeout: ``0`` to fail at once when full, seconds to wait for room, ``None`` to wait forever.
 
         Raises:
-            QueueFull: when the queue stayed full.
+            QueueFullError: when the queue stayed full (the message is not queued).
         """
         with self._lock:
             if len(self._items) >= self.max_size:
@@ -108,17 +105,20 @@ class MessageQueue:
 
     def _wait_for_room(self, block_timeout: float | None) -> None:
         if block_timeout is not None and block_timeout <= 0:
-            raise QueueFull
+            raise self._full()
         deadline = None if block_timeout is None else time.monotonic() + block_timeout
         self._room_waiters += 1
         try:
             while len(self._items) >= self.max_size:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise QueueFull
+                    raise self._full()
                 self._room.wait(remaining)
         finally:
             self._room_waiters -= 1
+
+    def _full(self) -> QueueFullError:
+        return QueueFullError(f"queue full ({self.max_size} messages); message dropped")
 
     def take(self, flush_after: float) -> tuple[int, list[QueuedMessage]] | None:
         """Wait for a batch (``flush_at`` messages, ``flush_after`` elapsed, a flush, or closing) and take it.
@@ -131,7 +131,7 @@ class MessageQueue:
         """
         with self._lock:
             while True:
-                due = self.last_flush + flush_after
+                due = self._last_flush + flush_after
                 now = time.monotonic()
                 ready = len(self._items) >= self.flush_at or self._flush_waiters or self._closing or now >= due
                 if ready and self._items:
@@ -140,7 +140,7 @@ class MessageQueue:
                     if self._closing:
                         return None
                     # Nothing to send when the timer fired: the timer restarts from now.
-                    self.last_flush = now
+                    self._last_flush = now
                     due = now + flush_after
                 self._senders_waiting += 1
                 try:
@@ -150,7 +150,7 @@ class MessageQueue:
             batch = self._pop_batch()
             batch_id = next(self._batch_ids)
             self._in_flight[batch_id] = batch[0].seq
-            self.last_flush = time.monotonic()
+            self._last_flush = time.monotonic()
             if self._room_waiters:
                 self._room.notify_all()
             return batch_id, batch

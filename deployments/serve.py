@@ -5,7 +5,9 @@ Run it with ``python -m deployments.serve`` (``prefect-webhooks serve`` runs it 
 Deployments (``flow/deployment``) and schedules:
 
 - ``deliver/continuous``: every ``deliver_interval_seconds`` (60 s); each run polls the outbox for
-  ``deliver_run_seconds`` (55 s), so delivery is continuous.
+  ``deliver_run_seconds`` (75 s), so consecutive runs overlap and delivery is continuous. ``prefect-webhooks serve``
+  passes ``--no-deliver`` and runs this deployment in its delivery workers instead (no schedule; see
+  ``prefect_webhooks.delivery_worker``).
 - ``deletions/interval``: every ``deletions_interval_seconds`` (60 s); carries out requested deletions.
 - ``replay/on-demand``: no schedule; run it with parameters to put failed messages back to pending.
 - ``audience-sync/<name>``: one per entry of the audiences file, on that entry's cron.
@@ -72,22 +74,41 @@ def _deployment(flow: Any, name: str, **options: Any) -> RunnerDeployment:
     return flow.to_deployment(name=name, tags=TAGS, entrypoint_type=EntrypointType.MODULE_PATH, **options)
 
 
-def build_deployments(settings: WebhooksSettings | None = None) -> list[RunnerDeployment]:
-    """The deployments to serve, with schedules from the settings and the audiences file."""
+def deliver_deployment(settings: WebhooksSettings | None = None, *, schedule: bool = True) -> RunnerDeployment:
+    """``deliver/continuous``: scheduled for a runner or a work pool, or unscheduled for delivery workers.
+
+    With ``schedule`` a run starts every ``deliver_interval_seconds`` and delivers for ``deliver_run_seconds``
+    (longer), so consecutive runs overlap while the next run's process starts (leases keep their claims apart).
+    Without it, the delivery workers of ``prefect-webhooks serve`` (``prefect_webhooks.delivery_worker``) start its
+    runs back to back in their own processes, each handing over to the next once that one claims.
+    """
+    from flows.deliver import deliver
+
+    settings = settings or get_settings()
+    options: dict[str, Any] = {}
+    if schedule:
+        options["interval"] = timedelta(seconds=settings.deliver_interval_seconds)
+        description = ("Delivers due outbox messages: a run every deliver_interval_seconds, each delivering for "
+                       "run_for_seconds, so consecutive runs overlap.")
+    else:
+        description = ("Delivers due outbox messages continuously: the delivery workers of `prefect-webhooks serve` "
+                       "start a run every deliver_interval_seconds; each hands over to the next once it claims.")
+    return _deployment(deliver, DELIVER_DEPLOYMENT, parameters={"run_for_seconds": settings.deliver_run_seconds},
+                       description=description, **options)
+
+
+def build_deployments(settings: WebhooksSettings | None = None, *, deliver: bool = True) -> list[RunnerDeployment]:
+    """The deployments to serve, with schedules from the settings and the audiences file.
+
+    ``deliver=False`` leaves ``deliver/continuous`` out (``prefect-webhooks serve`` runs it in delivery workers).
+    """
     from flows.audience_sync import audience_sync
     from flows.deletions import deletions
-    from flows.deliver import deliver
     from flows.replay import replay
 
     settings = settings or get_settings()
     deployments = [
-        _deployment(
-            deliver,
-            DELIVER_DEPLOYMENT,
-            interval=timedelta(seconds=settings.deliver_interval_seconds),
-            parameters={"run_for_seconds": settings.deliver_run_seconds},
-            description="Delivers due outbox messages, polling for deliver_run_seconds per run.",
-        ),
+        *([deliver_deployment(settings)] if deliver else []),
         _deployment(
             deletions,
             DELETIONS_DEPLOYMENT,
@@ -116,8 +137,10 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m deployments.serve", description=main.__doc__)
     parser.add_argument("--limit", type=int, default=None, help="most flow runs executed at once")
+    parser.add_argument("--no-deliver", action="store_true",
+                        help="leave deliver/continuous to delivery workers (prefect-webhooks serve runs them)")
     args = parser.parse_args(argv)
-    serve(*build_deployments(), limit=args.limit, print_starting_message=False)
+    serve(*build_deployments(deliver=not args.no_deliver), limit=args.limit, print_starting_message=False)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The ``deliver`` flow: claim due outbox messages in batches and deliver each batch in one task run.
 
 Run it once to drain what is due, or with ``run_for_seconds`` to keep delivering in near real time (it claims
-again every ``idle_sleep`` seconds while nothing is due). Each run publishes one table artifact per endpoint.
+every ``idle_sleep`` seconds, at once again while a backlog fills whole batches). Each run publishes one table
+artifact per endpoint.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ async def deliver(
         run_for_seconds: Keep delivering this long (continuous mode); by default stop when nothing is due.
         until_empty: With ``run_for_seconds``, stop early once nothing is due.
         parallel_batches: Batches delivered at once.
-        idle_sleep: Seconds between claims while nothing is due (continuous mode).
+        idle_sleep: Continuous mode: seconds between claims unless the last claim was full (a backlog), so each
+            batch (one task run) holds what arrived meanwhile.
 
     Returns:
         Message counts: delivered, failed, rescheduled, batches.

@@ -209,7 +209,7 @@ def service_env(run_dir: Path, api_url: str, ingest_port: int, base: dict[str, s
         "PREFECT_WEBHOOKS_ENDPOINT": f"http://127.0.0.1:{ingest_port}",
         "PREFECT_WEBHOOKS_AUDIENCES_FILE": str(run_dir / "audiences.yaml"),
         # Short delivery runs, so the demo can wait for their artifacts before it ends.
-        "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "20",
+        "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "10",
         "PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS": "15",
         "PREFECT_WEBHOOKS_DELETIONS_INTERVAL_SECONDS": "3600",
     }

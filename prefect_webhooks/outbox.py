@@ -202,6 +202,36 @@ def extend_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetim
         return connection.execute(statement).rowcount
 
 
+def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | None = None) -> int:
+    """Make the waiting messages of ``destinations`` due now (the first ``limit`` to come due, or all).
+
+    Messages put off by a retry backoff are brought forward when their endpoint is known to answer again (a circuit
+    breaker probe succeeded), or one of them is, to carry the probe. Rows under a live lease (an in-process retry)
+    are left alone; the deadline and attempt count stay as they are.
+
+    Returns:
+        How many rows were brought forward.
+    """
+    if not destinations:
+        return 0
+    now = store_now()
+    waiting = (
+        select(OUTBOX.c.id)
+        .where(
+            OUTBOX.c.destination.in_(list(destinations)),
+            OUTBOX.c.state == PENDING,
+            OUTBOX.c.next_attempt_at > now,
+            or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+        )
+        .order_by(OUTBOX.c.next_attempt_at)
+    )
+    if limit is not None:
+        waiting = waiting.limit(limit)
+    statement = update(OUTBOX).where(OUTBOX.c.id.in_(waiting.scalar_subquery())).values(next_attempt_at=now)
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
 def release_leases(engine: Engine, ids: Sequence[int], owner: str) -> int:
     """Give up ``owner``'s lease on pending rows among ``ids`` so any run may claim them when due."""
     if not ids:

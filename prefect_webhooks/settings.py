@@ -35,7 +35,12 @@ class WebhooksSettings(BaseSettings):
     lease_seconds: float = Field(
         default=120.0, gt=0, description="How long a claim holds messages before another run may take them."
     )
-    claim_batch_size: int = Field(default=500, gt=0, description="Messages claimed per delivery task run.")
+    claim_batch_size: int = Field(
+        default=2000,
+        gt=0,
+        description="Most messages claimed per delivery task run (a backlog is delivered in batches this big; a steady "
+        "stream in batches of what arrived since the last claim).",
+    )
     delivery_concurrency: int = Field(
         default=64, gt=0, description="Concurrent requests a delivery process keeps in flight."
     )
@@ -95,12 +100,17 @@ class WebhooksSettings(BaseSettings):
         default=False, description="Refuse destination URLs on loopback or private networks (SSRF guard)."
     )
     deliver_interval_seconds: float = Field(
-        default=60.0, gt=0, description="Schedule interval of the served `deliver` deployment, in seconds."
+        default=60.0,
+        gt=0,
+        description="How often a new `deliver` run starts: each delivery worker of `serve` hands over to a new run "
+        "this often; for a runner or a work pool, the interval of the `deliver/continuous` schedule.",
     )
     deliver_run_seconds: float = Field(
-        default=55.0,
+        default=75.0,
         gt=0,
-        description="How long one scheduled `deliver` run keeps polling the outbox before it ends.",
+        description="The longest one `deliver` run delivers: scheduled runs overlap the next one by this minus "
+        "`deliver_interval_seconds`, so delivery continues while the next run's process starts; a delivery "
+        "worker's runs end at their handover and reach it only when no successor could be started.",
     )
     deletions_interval_seconds: float = Field(
         default=60.0, gt=0, description="Schedule interval of the served `deletions` deployment, in seconds."

@@ -385,6 +385,29 @@ async def test_continuous_mode_picks_up_messages_enqueued_while_running(fast: st
     assert stats.delivered == 1
 
 
+async def test_a_steady_stream_is_delivered_in_few_batches_and_a_backlog_in_full_ones(fast: str) -> None:
+    # Each batch is a Prefect task run (server CPU per run whatever its size): a stream of 100 calls/s must not
+    # turn into a batch per call or two.
+    with Receiver() as receiver:
+        block = destination(receiver.url)
+        running = asyncio.create_task(deliver({"crm": block}, run_for_seconds=2.2, idle_sleep=0.25, batch_size=50))
+        for n in range(150):
+            await asyncio.to_thread(enqueue, "crm", [track(n)])
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(receiver.wait_for, 150, 10)
+        stats = await running
+    assert stats.delivered == 150
+    # ~2 s of stream at one claim per 0.25 s at most.
+    assert stats.batches <= 10, stats.summary()
+
+    enqueue("crm", [track(n) for n in range(500)])
+    with Receiver() as receiver:
+        backlog = await deliver({"crm": destination(receiver.url)}, run_for_seconds=30, until_empty=True,
+                                idle_sleep=0.25, batch_size=50)
+    # A backlog is claimed back to back in full batches, without the pause between claims.
+    assert backlog.delivered == 500 and backlog.batches == 10
+
+
 def test_display_url_drops_credentials_and_query() -> None:
     assert display_url("https://user:pw@hooks.example.com:8443/in?token=abc") == "https://hooks.example.com:8443/in"
 

@@ -26,6 +26,7 @@ from deployments.serve import (
     DELIVER_DEPLOYMENT,
     REPLAY_DEPLOYMENT,
     build_deployments,
+    deliver_deployment,
     load_audience_schedules,
 )
 from prefect_webhooks.metrics import backlog_snapshot
@@ -140,6 +141,11 @@ def test_served_deployments_and_schedules(tmp_path: Path) -> None:
     assert deliver.entrypoint == "flows.deliver.deliver"
     assert deployments[("replay", REPLAY_DEPLOYMENT)].schedules in (None, [])
     assert deployments[("audience-sync", "vip")].schedules[0].schedule.cron == "0 * * * *"
+    # ``serve`` leaves deliver/continuous to its delivery workers, which register it without a schedule.
+    assert ("deliver", DELIVER_DEPLOYMENT) not in {(d.flow_name, d.name) for d in build_deployments(settings,
+                                                                                                 deliver=False)}
+    for_workers = deliver_deployment(settings, schedule=False)
+    assert for_workers.schedules in (None, []) and for_workers.parameters == {"run_for_seconds": 25}
 
 
 def test_prefect_yaml_matches_the_served_deployments() -> None:
@@ -206,14 +212,24 @@ def _outbox_counts() -> dict[str, int]:
         return dict(connection.execute(select(table.c.state, func.count()).group_by(table.c.state)).all())
 
 
-def _start_delivery(service: subprocess.Popen[bytes]) -> UUID:
-    """Start a deliver run as soon as the service has registered its deployments; returns the flow run's id."""
-    from prefect.deployments import run_deployment
+def _running_deliver_runs() -> list[UUID]:
+    """The ids of the deliver runs running now."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
 
-    from prefect_webhooks.demo import wait_for_deployments
-
-    wait_for_deployments([f"deliver/{DELIVER_DEPLOYMENT}"], service, timeout=120)
-    return run_deployment(f"deliver/{DELIVER_DEPLOYMENT}", timeout=0).id
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["deliver"])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.RUNNING, StateType.PENDING]))))
+    return [run.id for run in runs]
 
 
 def _flow_run_state(flow_run_id: UUID) -> str:
@@ -247,8 +263,6 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
             # Long leases: rows must come back because the service released them, not because a lease expired.
             "PREFECT_WEBHOOKS_LEASE_SECONDS": "300",
             "PREFECT_WEBHOOKS_TASK_RETRIES": "0",
-            "PREFECT_WEBHOOKS_DELIVER_INTERVAL_SECONDS": "3600",
-            "PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS": "120",
             "PYTHONPATH": str(ROOT),
         }
         log = workdir / "service.log"
@@ -264,16 +278,17 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
                 f"http://127.0.0.1:{port}/v1/batch", json=batch, headers={"Authorization": f"Basic {auth}"}
             )
             assert answer.status_code == 200, answer.text
-            assert _outbox_counts() == {PENDING: count}
-            interrupted_run = _start_delivery(service)
+            # The delivery worker's run claims them at once; their requests hang for 4 s.
             receiver.wait_for(1, timeout=120)
+            interrupted_runs = _running_deliver_runs()
+            assert interrupted_runs
             service.send_signal(signal.SIGTERM)
             assert service.wait(60) == 0, log.read_text()[-3000:]
-            # Nothing of the service is left: not the API, not the runner, not a flow-run process.
+            # Nothing of the service is left: not the API, not the worker, not the runner, not a flow-run process.
             time.sleep(1)
             assert not _group_alive(service.pid), log.read_text()[-3000:]
-            # The interrupted run says so in the UI instead of staying "Running".
-            assert _flow_run_state(interrupted_run) == "CRASHED", log.read_text()[-3000:]
+            # The stopped runs finished the batch in flight and completed, instead of staying "Running".
+            assert {_flow_run_state(run) for run in interrupted_runs} == {"COMPLETED"}, log.read_text()[-3000:]
         interrupted = _outbox_counts()
         # Stopped mid-batch: every row is delivered (its outcome was recorded) or pending again; none is lost,
         # failed, or still held by the stopped run's lease.
@@ -282,8 +297,7 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
         assert "interrupted deliveries returned to pending" in log.read_text() or PENDING not in interrupted
 
         receiver.default = 200
-        with running_service(env, port, log) as service:
-            _start_delivery(service)
+        with running_service(env, port, log):
             deadline = time.monotonic() + 120
             while _outbox_counts() != {DELIVERED: count}:
                 assert time.monotonic() < deadline, (_outbox_counts(), log.read_text()[-3000:])

@@ -33,6 +33,11 @@ def _configure_ingest(parser: argparse.ArgumentParser) -> None:
         help="uvicorn log level (default: %(default)s).",
     )
     parser.add_argument("--access-log", action="store_true", help="Log one line per request (paths, no bodies).")
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="Processes sharing the port (default: %(default)s); more than one is for PostgreSQL: on SQLite they "
+        "take turns at the one write lock.",
+    )
 
 
 def _run_ingest(args: argparse.Namespace) -> int:
@@ -40,16 +45,22 @@ def _run_ingest(args: argparse.Namespace) -> int:
 
     from prefect_webhooks.api import create_app, tune_gc_for_serving
 
-    app = create_app()
-    tune_gc_for_serving()
+    if args.workers > 1:
+        # Each worker process builds its own app (and store engine) from the factory.
+        app: object = "prefect_webhooks.service:create_service_app"
+        options: dict[str, object] = {"factory": True, "workers": args.workers}
+    else:
+        app, options = create_app(), {}
+        tune_gc_for_serving()
     uvicorn.run(
-        app,
+        app,  # type: ignore[arg-type]
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
         # Clients (SDKs) keep connections open between flushes.
         timeout_keep_alive=30,
+        **options,  # type: ignore[arg-type]
     )
     return 0
 

@@ -158,3 +158,47 @@ def test_concurrent_schema_creation_on_a_fresh_postgres_database() -> None:
         assert {"outbox", "delivery_attempts"} <= set(inspect(engine).get_table_names())
     assert not failures, failures
 
+
+
+@pytest.mark.slow
+def test_ingest_api_processes_share_one_port_and_commit_every_call(prefect_harness: None, backend_url: str) -> None:
+    import threading
+    import uuid
+
+    import httpx
+    import psutil
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.servers import ingest_api_process, save_source
+
+    suffix = uuid.uuid4().hex[:10]
+    write_key = f"wk_workers_{suffix}"
+    save_source(f"workers-{suffix}", write_key, ["crm"])
+    answers: list[int] = []
+    serving: set[int] = set()
+    with ingest_api_process(backend_url, prefect_api_url=PREFECT_API_URL.value(), args=("--workers", "2")) as server:
+        # uvicorn's worker processes (multiprocessing also starts a resource tracker beside them).
+        workers = [child for child in psutil.Process(server.process.pid).children()
+                   if "resource_tracker" not in " ".join(child.cmdline())]
+        assert len(workers) == 2
+
+        def send(client_number: int) -> None:
+            # A new connection per request: the kernel hands each to whichever process accepts it first.
+            for batch in range(10):
+                calls = [{"type": "track", "userId": f"u{n}", "event": "E",
+                          "messageId": f"c{client_number}-b{batch}-{n}"} for n in range(50)]
+                with httpx.Client(auth=(write_key, ""), timeout=60) as client:
+                    answers.append(client.post(f"{server.url}/v1/batch", json={"batch": calls}).status_code)
+                    serving.update(worker.pid for worker in workers if any(
+                        connection.status == psutil.CONN_ESTABLISHED for connection in worker.net_connections()))
+
+        threads = [threading.Thread(target=send, args=(number,)) for number in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert answers == [200] * 80
+    with get_engine(backend_url).connect() as connection:
+        assert len(connection.execute(select(OUTBOX.c.message_id)).all()) == 8 * 10 * 50
+    # Both processes held client connections: one port, two processes serving it.
+    assert len(serving) == 2

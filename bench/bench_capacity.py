@@ -349,18 +349,26 @@ def save_blocks(receiver_url: str) -> str:
 
 
 class Postgres:
-    """A PostgreSQL server: the given one, or ``scripts/test-postgres`` started here and stopped at the end."""
+    """A PostgreSQL server: the given one, or a throwaway one started here on a free port and stopped at the end.
+
+    The throwaway server is ``scripts/test-postgres`` on a port of its own (never the test server's), its data
+    folder removed when it stops: a benchmark leaves nothing running behind it.
+    """
 
     def __init__(self, url: str | None) -> None:
-        self.url = url
+        self.url = url or os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
         self.started_port: str | None = None
+        self.created: list[str] = []
 
     def __enter__(self) -> Postgres:
         if not self.url:
             port = str(free_port())
-            done = subprocess.run([str(ROOT / "scripts" / "test-postgres"), "start", port], capture_output=True,
-                                  text=True, check=True)
             self.started_port = port
+            done = subprocess.run([str(ROOT / "scripts" / "test-postgres"), "start", port], capture_output=True,
+                                  text=True)
+            if done.returncode != 0:
+                self.__exit__()
+                raise RuntimeError(f"scripts/test-postgres start {port} failed: {done.stderr[-500:]}")
             self.url = done.stdout.strip().splitlines()[-1]
         return self
 
@@ -368,14 +376,29 @@ class Postgres:
         import psycopg
 
         assert self.url
-        name = f"capacity_{uuid.uuid4().hex[:10]}"
+        name = f"bench_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(self.url, autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
         return self.url.rsplit("/", 1)[0] + f"/{name}"
 
     def __exit__(self, *exc: object) -> None:
+        if self.created and not self.started_port:
+            # A server that was already running keeps running, without this run's databases.
+            import psycopg
+
+            from prefect_webhooks.store import dispose_engines
+
+            dispose_engines()
+            assert self.url
+            with psycopg.connect(self.url, autocommit=True) as connection:
+                for name in self.created:
+                    connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.created = []
         if self.started_port:
             subprocess.run([str(ROOT / "scripts" / "test-postgres"), "stop", self.started_port], capture_output=True)
+            shutil.rmtree(f"/tmp/prefect-webhooks-pg-{self.started_port}", ignore_errors=True)
+            self.started_port = None
 
 
 def fresh_store(kind: str, workdir: Path, postgres: Postgres | None, name: str) -> str:
@@ -679,7 +702,9 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", nargs="+", default=["sqlite"], choices=["sqlite", "postgresql"])
-    parser.add_argument("--postgres", default=None, help="PostgreSQL server URL (default: scripts/test-postgres)")
+    parser.add_argument("--postgres", default=None,
+                        help="PostgreSQL server URL (default: PREFECT_WEBHOOKS_TEST_POSTGRES_URL, else a throwaway "
+                        "server from scripts/test-postgres, stopped at the end)")
     parser.add_argument("--ingest-workers", type=int, nargs="+", default=[1])
     parser.add_argument("--delivery-workers", type=int, nargs="+", default=[1])
     parser.add_argument("--rates", type=int, nargs="+",

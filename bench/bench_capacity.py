@@ -252,6 +252,7 @@ class Processes:
 
     serve: int | None = None
     prefect_server: int | None = None
+    postgres: int | None = None
     receiver: int | None = None
     generator: list[int] = field(default_factory=list)
     generator_cpu: float = 0.0
@@ -269,6 +270,8 @@ class Processes:
             figures["serve supervisor"] = tree_cpu(self.serve, below=False)
         if self.prefect_server:
             figures["Prefect server"] = tree_cpu(self.prefect_server)
+        if self.postgres:
+            figures["PostgreSQL"] = tree_cpu(self.postgres)
         if self.receiver:
             figures["receiver"] = tree_cpu(self.receiver)
         figures["generator"] = self.generator_cpu + sum(tree_cpu(pid) for pid in self.generator)
@@ -356,9 +359,17 @@ class Postgres:
     """
 
     def __init__(self, url: str | None) -> None:
-        self.url = url or os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
+        self.url = url
         self.started_port: str | None = None
         self.created: list[str] = []
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster of a server started here (its CPU is reported; a shared server's is not ours alone)."""
+        if not self.started_port:
+            return None
+        pid_file = Path(f"/tmp/prefect-webhooks-pg-{self.started_port}/data/postmaster.pid")
+        return int(pid_file.read_text().split()[0]) if pid_file.exists() else None
 
     def __enter__(self) -> Postgres:
         if not self.url:
@@ -543,6 +554,7 @@ class StepResult:
     store_ok: bool = True
     store_detail: str = ""
     drain_seconds: float = 0.0
+    worst_seconds: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def held(self) -> bool:
@@ -592,6 +604,10 @@ def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str,
     result.p50, result.p99, result.max = stats["p50"], stats["p99"], stats["max"]
     result.lost = result.accepted - stats["distinct"]
     result.duplicates = stats["duplicates"]
+    # When, in the step, the longest delays arrived (seconds from the step's start): a pause shows as a run of them.
+    worst = sorted(((delay, int(second) - int(started_at)) for second, delay in stats["worst_per_second"].items()),
+                   reverse=True)[:5]
+    result.worst_seconds = [(at, delay) for delay, at in worst]
     totals["accepted"] += result.accepted
     counts = store_counts(store_url)
     expected = {"delivered": totals["accepted"]} if totals["accepted"] else {}
@@ -620,6 +636,9 @@ def print_step(result: StepResult) -> None:
     parts = ", ".join(f"{role} {us:,.0f} µs ({result.cpu_share.get(role, 0):.0%})"
                       for role, us in result.cpu_us.items() if us >= 0.5)
     print(f"          CPU per event (share of a core): {parts}", flush=True)
+    if result.p99 is not None and result.p99 > P99_LIMIT / 2:
+        worst = ", ".join(f"+{at} s: {delay * 1000:,.0f} ms" for at, delay in result.worst_seconds)
+        print(f"          longest delays by second of arrival: {worst}", flush=True)
 
 
 @dataclass
@@ -648,6 +667,8 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
     port = free_port()
     serve_env = {**env, "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
                  "PREFECT_WEBHOOKS_HOME": str(workdir / f"home-{port}"), **dict(args.env)}
+    if args.serve_root:
+        serve_env["PYTHONPATH"] = str(Path(args.serve_root).resolve())
     print(f"\n{config.label}: store {store_url.split('@')[-1]}", flush=True)
     results: list[StepResult] = []
     totals = {"accepted": 0}
@@ -703,8 +724,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--store", nargs="+", default=["sqlite"], choices=["sqlite", "postgresql"])
     parser.add_argument("--postgres", default=None,
-                        help="PostgreSQL server URL (default: PREFECT_WEBHOOKS_TEST_POSTGRES_URL, else a throwaway "
-                        "server from scripts/test-postgres, stopped at the end)")
+                        help="PostgreSQL server URL (default: a throwaway server from scripts/test-postgres on a free "
+                        "port, so its CPU can be measured; stopped at the end)")
     parser.add_argument("--ingest-workers", type=int, nargs="+", default=[1])
     parser.add_argument("--delivery-workers", type=int, nargs="+", default=[1])
     parser.add_argument("--rates", type=int, nargs="+",
@@ -726,6 +747,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--env", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="extra environment variable for serve (repeatable)")
     parser.add_argument("--keep-workdir", action="store_true")
+    parser.add_argument("--serve-root", default=None,
+                        help="run serve from another checkout of the project (before/after comparisons)")
     parser.add_argument("--generator", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -781,8 +804,14 @@ def main() -> int:
                    for ingest in (args.ingest_workers if kind == "postgresql" else [1])
                    for delivery in args.delivery_workers]
         for config in configs:
-            outcome = run_config(config, args, workdir=workdir, postgres=postgres, env=env, auth=auth,
-                                 receiver_port=receiver_port, procs=procs)
+            procs.postgres = postgres.pid if postgres is not None and config.store == "postgresql" else None
+            try:
+                outcome = run_config(config, args, workdir=workdir, postgres=postgres, env=env, auth=auth,
+                                     receiver_port=receiver_port, procs=procs)
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"  FAILED: {exc} (logs in {workdir})", flush=True)
+                exit_code = 1
+                continue
             outcomes.append(outcome)
             if not outcome["ok"]:
                 exit_code = 1

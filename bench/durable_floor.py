@@ -23,7 +23,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefect_webhooks.api import tune_gc_for_serving  # noqa: E402
+from prefect_webhooks.runtime import tune_gc_for_serving  # noqa: E402
 from prefect_webhooks.store import (  # noqa: E402
     PENDING,
     OutboxMessage,

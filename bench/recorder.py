@@ -5,7 +5,8 @@
 It answers ``200 ok`` to every POST and reads two numbers the load generator put in each message's
 ``properties``: ``bench_seq`` (the event's number in its step) and ``bench_sent`` (the Unix time the generator
 sent it). Per step (``bench_step``) it keeps the arrival delays, a bitmap of the numbers seen (so duplicates and
-missing messages are counted) and arrivals per second. ``GET /_stats/<step>`` answers those figures as JSON.
+missing messages are counted), and per second of arrival the count and the longest delay. ``GET /_stats/<step>``
+answers those figures as JSON.
 
 It is a bare HTTP/1.1 server (uvloop + httptools, keep-alive, no framework) so that it costs the shared CPU as
 little as a receiver can while still looking inside each body: nginx costs less but cannot time arrivals.
@@ -48,6 +49,7 @@ class Step:
         self.seen = bytearray()
         self.duplicates = 0
         self.per_second: dict[int, int] = {}
+        self.worst_per_second: dict[int, float] = {}
         self.first = 0.0
         self.last = 0.0
 
@@ -59,9 +61,12 @@ class Step:
             self.duplicates += 1
             return
         self.seen[byte] |= 1 << bit
-        self.delays.append(now - sent)
+        delay = now - sent
+        self.delays.append(delay)
         second = int(now)
         self.per_second[second] = self.per_second.get(second, 0) + 1
+        if delay > self.worst_per_second.get(second, 0.0):
+            self.worst_per_second[second] = delay
         self.first = self.first or now
         self.last = now
 
@@ -81,6 +86,7 @@ class Step:
             "first": self.first,
             "last": self.last,
             "per_second": self.per_second,
+            "worst_per_second": self.worst_per_second,
         }
 
 

@@ -43,7 +43,8 @@ def _configure_ingest(parser: argparse.ArgumentParser) -> None:
 def _run_ingest(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from prefect_webhooks.api import create_app, tune_gc_for_serving
+    from prefect_webhooks.api import create_app
+    from prefect_webhooks.runtime import tune_gc_for_serving
 
     if args.workers > 1:
         # Each worker process builds its own app (and store engine) from the factory.

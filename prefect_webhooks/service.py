@@ -50,8 +50,9 @@ DEFAULT_GRACE_SECONDS = 30.0
 
 def create_service_app() -> Any:
     """The ingest API app with the monitoring routes added (a uvicorn ``--factory`` target)."""
-    from prefect_webhooks.api import create_app, tune_gc_for_serving
+    from prefect_webhooks.api import create_app
     from prefect_webhooks.metrics import METRICS_PATH, add_metrics_routes
+    from prefect_webhooks.runtime import tune_gc_for_serving
 
     app = create_app()
     if not any(getattr(route, "path", None) == METRICS_PATH for route in app.routes):

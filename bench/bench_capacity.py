@@ -169,7 +169,12 @@ def start_generator(spec: dict[str, Any]) -> subprocess.Popen[str]:
 
 
 def finish_generator(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    out, _ = process.communicate(timeout=timeout)
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except BaseException:
+        process.kill()
+        process.wait(10)
+        raise
     if process.returncode != 0:
         raise RuntimeError(f"load generator exited with {process.returncode}")
     return json.loads(out.strip().splitlines()[-1])
@@ -304,10 +309,11 @@ def stop_process(process: subprocess.Popen[Any] | None, sig: int = signal.SIGTER
 
 
 @contextmanager
-def started(command: list[str], *, env: dict[str, str], log: Path, sig: int = signal.SIGTERM):
+def started(command: list[str], *, env: dict[str, str], log: Path, sig: int = signal.SIGTERM,
+            cwd: Path = ROOT):
     """Run ``command`` in its own session (output to ``log``) until the block ends."""
     with log.open("ab") as handle:
-        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
+        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=cwd,
                                    start_new_session=True)
     try:
         yield process
@@ -464,7 +470,13 @@ def closed_loop(url: str, auth: str, seconds: float, processes: int, concurrency
               "concurrency": concurrency, "first": index * 10_000_000, "run": f"{run}-{index}"}
              for index in range(processes)]
     generators = [start_generator(spec) for spec in specs]
-    results = [finish_generator(process, seconds + 120) for process in generators]
+    try:
+        results = [finish_generator(process, seconds + 120) for process in generators]
+    finally:
+        for process in generators:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
     accepted = sum(result["accepted"] for result in results)
     refused = sum(result["refused"] + result["errors"] for result in results)
     elapsed = max(r["ended"] for r in results) - min(r["started"] for r in results)
@@ -667,14 +679,16 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
     port = free_port()
     serve_env = {**env, "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
                  "PREFECT_WEBHOOKS_HOME": str(workdir / f"home-{port}"), **dict(args.env)}
-    if args.serve_root:
-        serve_env["PYTHONPATH"] = str(Path(args.serve_root).resolve())
+    serve_root = Path(args.serve_root).resolve() if args.serve_root else ROOT
+    serve_env["PYTHONPATH"] = str(serve_root)
     print(f"\n{config.label}: store {store_url.split('@')[-1]}", flush=True)
     results: list[StepResult] = []
     totals = {"accepted": 0}
     run = uuid.uuid4().hex[:6]
     serve_started = time.monotonic()
-    with started(serve_command(config, port), env=serve_env, log=workdir / f"serve-{port}.log") as serve:
+    # ``python -m`` puts the working directory first on the path: serve runs from the checkout it is started in.
+    with started(serve_command(config, port), env=serve_env, log=workdir / f"serve-{port}.log",
+                 cwd=serve_root) as serve:
         ingest_url = f"http://127.0.0.1:{port}"
         wait_http(f"{ingest_url}/health", serve, 120, "prefect-webhooks serve")
         api_ready = time.monotonic() - serve_started
@@ -761,6 +775,8 @@ def main() -> int:
     if args.generator:
         generator_main(args.generator)
         return 0
+    # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C, so every part started below is stopped on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     workdir = Path(tempfile.mkdtemp(prefix="bench-capacity-"))
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PYTEST_"))}
     env.update({"PYTHONPATH": str(ROOT), "PREFECT_HOME": str(workdir / "prefect-client"),

@@ -243,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    # A few task runs a second each logging "Finished in state Completed()" to the console and to the Prefect API
+    # (one more record for the server to store per task run): their states show in the UI already. Warnings and
+    # errors of the batches (timeouts, failures) are still logged.
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
     worker = DeliveryWorker()
     stop_requested = threading.Event()
     try:

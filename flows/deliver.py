@@ -48,7 +48,7 @@ async def deliver(
     run_for_seconds: float | None = None,
     until_empty: bool = False,
     parallel_batches: int = 2,
-    idle_sleep: float = 0.2,
+    idle_sleep: float = 0.3,
 ) -> dict[str, Any]:
     """Deliver due outbox messages.
 

@@ -655,7 +655,7 @@ async def deliver_due(
     run_for_seconds: float | None = None,
     until_empty: bool = False,
     parallel_batches: int = 2,
-    idle_sleep: float = 0.2,
+    idle_sleep: float = 0.3,
     run_batch: BatchRunner | None = None,
     engine: Engine | None = None,
     context: DeliveryContext | None = None,

@@ -659,6 +659,7 @@ class Config:
     store: str
     ingest_workers: int = 1
     delivery_workers: int = 1
+    number: int = 0
 
     @property
     def label(self) -> str:
@@ -697,11 +698,13 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
         # The first call: how long after the start of serve is it delivered?
         import httpx
 
-        answer = httpx.post(f"{ingest_url}/v1/batch", content=make_batch(run, 0, 0, 1, time.time()),
+        # Step numbers are unique across configurations (the receiver keeps every step's figures apart).
+        first_step = config.number * 100
+        answer = httpx.post(f"{ingest_url}/v1/batch", content=make_batch(run, first_step, 0, 1, time.time()),
                             headers={"Authorization": auth, "Content-Type": "application/json"}, timeout=30)
         assert answer.status_code == 200, answer.text
         totals["accepted"] += 1
-        while receiver_stats(receiver_port, 0)["distinct"] < 1:
+        while receiver_stats(receiver_port, first_step)["distinct"] < 1:
             if serve.poll() is not None:
                 raise RuntimeError(f"serve exited with {serve.returncode}")
             if time.monotonic() - serve_started > 300:
@@ -711,7 +714,7 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
         print(f"  first call delivered {first_delivery:.1f} s after serve started (its ingest API answered "
               f"after {api_ready:.1f} s)", flush=True)
         time.sleep(args.settle)
-        for number, rate in enumerate(args.rates, start=1):
+        for number, rate in enumerate(args.rates, start=first_step + 1):
             result = run_step(number, rate, args, ingest_url=ingest_url, auth=auth, receiver_port=receiver_port,
                               store_url=store_url, procs=procs, totals=totals, run=run)
             results.append(result)
@@ -820,6 +823,8 @@ def main() -> int:
         configs = [] if not args.steps else [Config(kind, ingest, delivery) for kind in args.store
                    for ingest in (args.ingest_workers if kind == "postgresql" else [1])
                    for delivery in args.delivery_workers]
+        for number, config in enumerate(configs, start=1):
+            config.number = number
         for config in configs:
             procs.postgres = postgres.pid if postgres is not None and config.store == "postgresql" else None
             try:

@@ -408,6 +408,20 @@ async def test_a_steady_stream_is_delivered_in_few_batches_and_a_backlog_in_full
     assert backlog.delivered == 500 and backlog.batches == 10
 
 
+def test_artifact_latency_percentiles_are_the_inclusive_quantiles() -> None:
+    import random
+    import statistics
+
+    from prefect_webhooks.delivery import EndpointStats
+
+    for count in (1, 2, 3, 7, 1001):
+        stats = EndpointStats("crm", "http://x", latencies_ms=[random.uniform(0, 100) for _ in range(count)])
+        row = stats.row()
+        ordered = sorted(stats.latencies_ms)
+        expected = (statistics.quantiles(ordered, n=100, method="inclusive") if count > 1 else [ordered[0]] * 99)
+        assert (row["p50_ms"], row["p95_ms"]) == (round(expected[49], 1), round(expected[94], 1))
+
+
 def test_display_url_drops_credentials_and_query() -> None:
     assert display_url("https://user:pw@hooks.example.com:8443/in?token=abc") == "https://hooks.example.com:8443/in"
 

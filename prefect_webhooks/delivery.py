@@ -40,6 +40,7 @@ from prefect_webhooks.outbox import (
     Claimed,
     bring_forward,
     claim_due_deliveries,
+    extend_leases,
     leased_rows,
     record_outcomes,
     release_leases,
@@ -49,6 +50,7 @@ from prefect_webhooks.retry import (
     JITTER,
     PERMANENT,
     RETRY,
+    RETRY_AFTER_REASON,
     RETRY_AFTER_STATUSES,
     RetryableDeliveryError,
     classify_status,
@@ -468,6 +470,9 @@ def decide(
         return PERMANENT
     reason = _reason(results, RETRY)
     retry_after = _latest_retry_after(results, now)
+    if retry_after is not None:
+        # Said in the reason, so a recovered endpoint's backlog is not brought forward past the receiver's wish.
+        reason = f"{reason}; {RETRY_AFTER_REASON} {retry_after:%Y-%m-%d %H:%M:%S} UTC"
     deadline = deadline_of(first_attempt_at, settings)
     if hold_until is not None and now < deadline and (retry_after is None or retry_after <= deadline):
         # The task retry waits the backoff; the lease keeps other runs away meanwhile.
@@ -568,7 +573,13 @@ async def process_batch(
         await store_call(settings, release_leases, engine, not_due, context.owner)
 
     ready, deferred = await _resolve_all(due, context, writes)
-    results_by_row = await context.sender.send_all([(destination, row.body) for row, destination in ready])
+    # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
+    # minutes): its leases are renewed while it sends, so no other run claims and sends them again meanwhile.
+    keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in ready]))
+    try:
+        results_by_row = await context.sender.send_all([(destination, row.body) for row, destination in ready])
+    finally:
+        keeper.cancel()
     finished = store_now()
     hold_until = None
     if hold_seconds is not None:
@@ -594,6 +605,19 @@ async def process_batch(
     stats.failed += result.failed
     stats.rescheduled += result.rescheduled
     return result
+
+
+async def _keep_leases(context: DeliveryContext, ids: list[int]) -> None:
+    """Renew this process's lease on ``ids`` every third of the lease until cancelled."""
+    lease = context.settings.lease_seconds
+    while ids:
+        await asyncio.sleep(lease / 3)
+        try:
+            await store_call(context.settings, extend_leases, context.engine, ids, context.owner,
+                             store_now() + timedelta(seconds=lease))
+        except Exception as exc:
+            # The lease runs out as it would have without renewal: at worst a message is sent twice.
+            logger.warning("renewing the leases of a batch in flight failed: %s", type(exc).__name__)
 
 
 def _task_retry_plan() -> tuple[bool, float | None]:

@@ -15,6 +15,7 @@ from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.payloads import serialize
+from prefect_webhooks.retry import RETRY_AFTER_REASON
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import (
     DELIVERED,
@@ -207,7 +208,8 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
 
     Messages put off by a retry backoff are brought forward when their endpoint is known to answer again (a circuit
     breaker probe succeeded), or one of them is, to carry the probe. Rows under a live lease (an in-process retry)
-    are left alone; the deadline and attempt count stay as they are.
+    and rows whose next attempt a receiver's ``Retry-After`` set are left alone; the deadline and attempt count stay
+    as they are.
 
     Returns:
         How many rows were brought forward.
@@ -222,6 +224,7 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
             OUTBOX.c.state == PENDING,
             OUTBOX.c.next_attempt_at > now,
             or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+            or_(OUTBOX.c.reason.is_(None), OUTBOX.c.reason.not_like(f"%{RETRY_AFTER_REASON}%")),
         )
         .order_by(OUTBOX.c.next_attempt_at)
     )

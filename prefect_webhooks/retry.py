@@ -26,6 +26,8 @@ PERMANENT = "permanent"
 
 RETRYABLE_STATUSES = frozenset({408, 429})
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+# Marks the reason of a message whose next attempt a receiver's Retry-After set ("HTTP 429; Retry-After <time> UTC").
+RETRY_AFTER_REASON = "Retry-After"
 JITTER = 0.2
 # A Retry-After further away than this is treated as this (a receiver must not park a message for days).
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0

@@ -408,6 +408,26 @@ async def test_a_steady_stream_is_delivered_in_few_batches_and_a_backlog_in_full
     assert backlog.delivered == 500 and backlog.batches == 10
 
 
+async def test_a_batch_that_sends_for_longer_than_its_lease_keeps_it(
+    fast: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20 messages, 4 at a time, 0.4 s each: the batch sends for 2 s against a 0.9 s lease.
+    monkeypatch.setenv("PREFECT_WEBHOOKS_LEASE_SECONDS", "0.9")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_ENDPOINT_CONCURRENCY", "4")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_REQUEST_TIMEOUT", "5")
+    get_settings.cache_clear()
+    enqueue("crm", [track(n) for n in range(20)])
+    with Receiver(default={"status": 200, "delay": 0.4}) as receiver:
+        block = destination(receiver.url)
+        first = asyncio.ensure_future(deliver({"crm": block}))
+        await asyncio.sleep(0.2)
+        # Another process keeps claiming while the first batch is still sending.
+        second = await deliver({"crm": block}, run_for_seconds=2.5, idle_sleep=0.1)
+        stats = await first
+    assert stats.delivered == 20 and second.delivered == 0
+    assert len(receiver.requests) == 20
+
+
 def test_artifact_latency_percentiles_are_the_inclusive_quantiles() -> None:
     import random
     import statistics

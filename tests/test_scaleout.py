@@ -106,17 +106,25 @@ def test_workers_deliver_every_message_exactly_once_without_lease_expiry(backend
 
 @pytest.mark.slow
 def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
+    import signal
+
     lease = 0.5
     env = {"PREFECT_WEBHOOKS_LEASE_SECONDS": str(lease), "PREFECT_WEBHOOKS_CLAIM_BATCH_SIZE": "10",
            "PREFECT_WEBHOOKS_REQUEST_TIMEOUT": "5"}
     enqueue("d", payloads(20))
-    # Every request takes longer than the lease, so other claimers take the rows back while they are in flight.
+    # A live worker renews the leases of a batch in flight, however long it sends; a stalled one (stopped here with
+    # SIGSTOP while its requests are out, as a long pause or a frozen VM would) cannot, so after its lease another
+    # worker takes the rows and sends them again.
     with Receiver(default={"status": 200, "delay": 1.2}) as receiver:
-        # Continuous mode for a fixed time, so an idle worker keeps claiming and finds the expired leases.
-        workers = [start_worker(backend_url, {"d": [receiver.url]}, env=env, run_seconds=4.0, until_empty=False)
-                   for _ in range(2)]
-        for worker in workers:
-            worker_result(worker)
+        stalled = start_worker(backend_url, {"d": [receiver.url]}, env=env, run_seconds=6.0, until_empty=True)
+        receiver.wait_for(1, timeout=60)
+        stalled.send_signal(signal.SIGSTOP)
+        try:
+            other = start_worker(backend_url, {"d": [receiver.url]}, env=env, run_seconds=4.0, until_empty=False)
+            worker_result(other)
+        finally:
+            stalled.send_signal(signal.SIGCONT)
+        worker_result(stalled)
         received = received_ids(receiver.requests)
     report = accounting(20, received)
     with get_engine().connect() as connection:
@@ -126,7 +134,7 @@ def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
     for row in rows:
         by_row.setdefault(row.outbox_id, []).append(row.attempted_at)
     gaps = [later - earlier for times in by_row.values() for earlier, later in zip(times, times[1:], strict=False)]
-    print(f"\n{report.report('lease 0.5 s, requests 1.2 s')}; repeated requests: {len(gaps)}, "
+    print(f"\n{report.report('lease 0.5 s, a worker stalled with its requests out')}; repeated requests: {len(gaps)}, "
           f"shortest gap between two requests of one message: {min(gaps, default=None)}")
     assert report.delivered == 20 and report.pending == report.failed == 0
     assert report.duplicates > 0

@@ -8,7 +8,9 @@ nginx answering 200 on 127.0.0.1. Workers import and connect first, then start t
 by the time from the start signal until the last worker exits, and every row is checked ``delivered`` afterwards.
 In the same run the reference: a raw aiohttp POST loop in this process (no store), the single-process ceiling.
 
-PostgreSQL comes from ``--postgres``, ``PREFECT_WEBHOOKS_TEST_POSTGRES_URL`` or ``scripts/test-postgres start``.
+PostgreSQL comes from ``--postgres``, ``PREFECT_WEBHOOKS_TEST_POSTGRES_URL`` or else a throwaway server started with
+``scripts/test-postgres`` on a free port, which is stopped (and its data folder removed) when the benchmark ends.
+The receiver used is printed (nginx, or the aiohttp fallback when nginx is missing).
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_capacity import Postgres  # noqa: E402
 from bench_delivery import Sink, make_payloads, raw_loop  # noqa: E402
 
 
@@ -51,21 +53,12 @@ def worker_main(sink_url: str) -> None:
     print(json.dumps(asyncio.run(_worker(sink_url))), flush=True)
 
 
-def fresh_database(server_url: str) -> str:
-    import psycopg
-
-    name = f"bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_url, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    return server_url.rsplit("/", 1)[0] + f"/{name}"
-
-
-def run_config(server_url: str, sink_url: str, messages: int, workers: int) -> tuple[float, list[dict]]:
+def run_config(postgres: Postgres, sink_url: str, messages: int, workers: int) -> tuple[float, list[dict]]:
     """Messages/s of ``workers`` processes draining ``messages`` from a fresh database, and each worker's stats."""
     from prefect_webhooks.outbox import enqueue
     from prefect_webhooks.store import get_engine
 
-    url = fresh_database(server_url)
+    url = postgres.fresh_database()
     engine = get_engine(url)
     payloads = make_payloads(messages)
     for start in range(0, messages, 2000):
@@ -102,14 +95,6 @@ def count_delivered(url: str) -> int:
         return connection.execute(select(func.count()).where(OUTBOX.c.state == DELIVERED)).scalar_one()
 
 
-def postgres_url(given: str | None) -> str:
-    if given or os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL"):
-        return given or os.environ["PREFECT_WEBHOOKS_TEST_POSTGRES_URL"]
-    done = subprocess.run([str(ROOT / "scripts" / "test-postgres"), "start"], capture_output=True, text=True,
-                          check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
 def main() -> None:
     """Run every configuration and print messages/s and the scaling ratio against one worker."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,15 +107,16 @@ def main() -> None:
     if args.worker:
         worker_main(args.worker)
         return
-    server = postgres_url(args.postgres)
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; PostgreSQL {server.rsplit('@', 1)[-1]}")
-    with Sink(args.port) as sink:
+    with Postgres(args.postgres) as postgres, Sink(args.port) as sink:
+        assert postgres.url is not None
+        print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; PostgreSQL "
+              f"{postgres.url.rsplit('@', 1)[-1]}" + (" (started for this run)" if postgres.started_port else ""))
         bodies = [json.dumps(payload).encode() for payload in make_payloads(args.messages)]
         ceiling, _ = asyncio.run(raw_loop(sink.url, bodies, 64))
         print(f"receiver: {sink.kind}; reference, raw aiohttp loop in one process (no store): {ceiling:,.0f} msg/s")
         rates: dict[int, float] = {}
         for workers in args.workers:
-            rate, results = run_config(server, sink.url, args.messages, workers)
+            rate, results = run_config(postgres, sink.url, args.messages, workers)
             rates[workers] = rate
             share = ", ".join(f"{result['delivered']} ({result['cpu_s']:.1f} s CPU)" for result in results)
             base = rates.get(1)

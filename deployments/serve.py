@@ -7,7 +7,9 @@ work pool. ``PREFECT_WEBHOOKS_DEPLOYMENTS_FILE`` points serve at an edited copy.
 
 Deployments (``flow/deployment``) as shipped:
 
-- ``deliver/continuous``: every 60 s; each run claims due messages for 55 s, so delivery is continuous.
+- ``deliver/continuous``: every 60 s; each run claims due messages for 75 s, so consecutive runs overlap and
+  delivery does not pause. ``prefect-webhooks serve`` leaves it out here (``--no-deliver``) and runs its runs in
+  warm delivery workers instead (``prefect_webhooks.delivery_worker``), with the same definition and schedule.
 - ``deletions/interval``: every 60 s; carries out requested deletions.
 - ``replay/on-demand``: no schedule; run it with parameters to put failed messages back to pending.
 - ``audience-sync/<name>``: one per entry of the audiences file, on that entry's cron.
@@ -191,8 +193,23 @@ def served_deployment(entry: Mapping[str, Any]) -> RunnerDeployment:
     )
 
 
-def build_deployments(settings: WebhooksSettings | None = None) -> list[RunnerDeployment]:
+def deliver_definition(settings: WebhooksSettings | None = None) -> dict[str, Any]:
+    """The ``deliver/continuous`` entry of the deployments file.
+
+    Raises:
+        ValueError: when the deployments file has no deployment of that name.
+    """
+    path = deployments_path(settings or get_settings())
+    for entry in load_definitions(path):
+        if entry["name"] == DELIVER_DEPLOYMENT:
+            return entry
+    raise ValueError(f"{path}: no deployment named {DELIVER_DEPLOYMENT!r} (the delivery workers run it)")
+
+
+def build_deployments(settings: WebhooksSettings | None = None, *, deliver: bool = True) -> list[RunnerDeployment]:
     """The deployments to serve: those of the deployments file, then one per entry of the audiences file.
+
+    ``deliver=False`` leaves ``deliver/continuous`` out: the delivery workers of ``prefect-webhooks serve`` run it.
 
     Raises:
         ValueError: when a setting that no longer applies is set (it would be silently ignored otherwise).
@@ -204,7 +221,8 @@ def build_deployments(settings: WebhooksSettings | None = None) -> list[RunnerDe
             "and set PREFECT_WEBHOOKS_DEPLOYMENTS_FILE to it"
         )
     settings = settings or get_settings()
-    entries = load_definitions(deployments_path(settings))
+    entries = [entry for entry in load_definitions(deployments_path(settings))
+               if deliver or entry["name"] != DELIVER_DEPLOYMENT]
     entries += [audience_entry(audience) for audience in load_audience_schedules(audiences_path(settings))]
     return [served_deployment(entry) for entry in entries]
 
@@ -213,11 +231,15 @@ def main(
     limit: Annotated[
         int | None, typer.Option(help="Most flow runs executed at once (default: Prefect's).", min=1)
     ] = None,
+    deliver: Annotated[
+        bool,
+        typer.Option(help="Serve deliver/continuous too; --no-deliver when delivery workers run it."),
+    ] = True,
 ) -> None:
     """Serve every deployment (deployments file and audiences file) until SIGTERM/SIGINT."""
     from prefect import serve
 
-    serve(*build_deployments(), limit=limit, print_starting_message=False)
+    serve(*build_deployments(deliver=deliver), limit=limit, print_starting_message=False)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The ``deliver`` flow: claim due outbox messages in batches and deliver each batch in one task run.
 
 Run it once to drain what is due, or with ``run_for_seconds`` to keep delivering in near real time (it claims
-again every ``idle_sleep`` seconds while nothing is due). Each run publishes one table artifact per endpoint, one
-per destination whose filters dropped messages, and ends the secret rotations whose window is over.
+again every ``idle_sleep`` seconds while nothing is due, at once again while a backlog fills whole batches). Each run
+publishes one table artifact per endpoint, one per destination whose filters dropped messages, and ends the secret
+rotations whose window is over.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ async def deliver(
     run_for_seconds: float | None = None,
     until_empty: bool = False,
     parallel_batches: int = 2,
-    idle_sleep: float = 0.2,
+    idle_sleep: float = 0.3,
 ) -> dict[str, Any]:
     """Deliver due outbox messages.
 
@@ -101,7 +102,8 @@ async def deliver(
         run_for_seconds: Keep delivering this long (continuous mode); by default stop when nothing is due.
         until_empty: With ``run_for_seconds``, stop early once nothing is due.
         parallel_batches: Batches delivered at once.
-        idle_sleep: Seconds between claims while nothing is due (continuous mode).
+        idle_sleep: Continuous mode: seconds between claims unless the last claim was full (a backlog), so each
+            batch (one task run) holds what arrived meanwhile.
 
     Returns:
         Message counts: delivered, failed, rescheduled, filtered, batches.

@@ -8,7 +8,10 @@ One broken endpoint must not slow delivery to the others. Two things keep it in 
   connection errors, 5xx, 408, 429) the circuit opens: requests to that URL are not sent, the message is
   rescheduled like any retryable outcome and an attempt with the error ``circuit open`` is recorded. After
   ``circuit_cooldown_seconds`` it half-opens: one probe request goes through (the others still skip); a success
-  closes it, a failure opens it for another cool-down.
+  closes it, a failure opens it for another cool-down. When the cool-down ends the delivery engine makes one
+  waiting message due (``take_due_probes``), so the probe goes out on time, and when a probe succeeds it makes every
+  waiting message of the endpoint's destinations due (``take_recovered``): a backlog built up during an outage
+  moves at the first probe that gets through, not when each message's backoff ends.
 
 The state lives in the delivering process (each worker learns on its own); nothing here touches the store.
 """
@@ -37,6 +40,8 @@ class Circuit:
     probing: bool = False
     opened_count: int = 0
     skipped: int = 0
+    recovered: bool = False
+    probe_requested: bool = False
 
     def allow(self, now: float) -> bool:
         """Whether a request may be sent now; in half-open state only one probe at a time is let through."""
@@ -53,13 +58,15 @@ class Circuit:
     def record(self, success: bool, now: float) -> None:
         """Count the outcome of a sent request: success closes the circuit, failures open it."""
         if success:
+            # A probe that succeeds ends an outage: what was put off meanwhile may go now.
+            self.recovered = self.recovered or self.state == HALF_OPEN
             self.state, self.failures, self.probing = CLOSED, 0, False
             return
         self.failures += 1
         if self.state == HALF_OPEN or self.failures >= self.threshold:
             if self.state != OPEN:
                 self.opened_count += 1
-            self.state, self.opened_at, self.probing = OPEN, now, False
+            self.state, self.opened_at, self.probing, self.probe_requested = OPEN, now, False, False
 
 
 @dataclass
@@ -93,6 +100,27 @@ class EndpointGuard:
     def record(self, url: str, success: bool) -> None:
         """Feed a sent request's outcome to ``url``'s breaker."""
         self.circuit(url).record(success, time.monotonic())
+
+    def take_due_probes(self) -> list[str]:
+        """The URLs whose open circuit has cooled down but has had no request to probe with (each reported once).
+
+        Messages skipped while a circuit was open wait for their backoff, which after a long outage is longer than
+        the cool-down; the delivery engine brings one of them forward so the probe goes out on time.
+        """
+        now = time.monotonic()
+        found = []
+        for url, circuit in self.circuits.items():
+            if circuit.state == OPEN and not circuit.probe_requested and now - circuit.opened_at >= circuit.cooldown:
+                circuit.probe_requested = True
+                found.append(url)
+        return found
+
+    def take_recovered(self) -> list[str]:
+        """The URLs whose circuit closed after a successful probe since the last call (each reported once)."""
+        found = [url for url, circuit in self.circuits.items() if circuit.recovered]
+        for url in found:
+            self.circuits[url].recovered = False
+        return found
 
     def state(self, url: str) -> str:
         """``closed``, ``open`` or ``half-open`` (an open circuit past its cool-down reads as open until asked)."""

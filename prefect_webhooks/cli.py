@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -58,23 +58,38 @@ def ingest(
     access_log: Annotated[
         bool, typer.Option("--access-log", help="Log one line per request (paths, never bodies).")
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="API processes sharing the port; more than one is for PostgreSQL (on SQLite they take turns at the "
+            "one write lock).",
+            min=1,
+        ),
+    ] = 1,
 ) -> None:
     """Run the Segment-compatible ingest API (uvicorn)."""
     import uvicorn
 
-    from prefect_webhooks.api import create_app, tune_gc_for_serving
+    from prefect_webhooks.api import create_app
+    from prefect_webhooks.runtime import tune_gc_for_serving
 
     settings = get_settings()
-    api = create_app()
-    tune_gc_for_serving()
+    if workers > 1:
+        # Each process builds its own app (and store engine) from the factory; uvicorn shares the port among them.
+        app_or_factory: Any = "prefect_webhooks.service:create_service_app"
+        options: dict[str, Any] = {"factory": True, "workers": workers}
+    else:
+        app_or_factory, options = create_app(), {}
+        tune_gc_for_serving()
     uvicorn.run(
-        api,
+        app_or_factory,
         host=host or settings.ingest_host,
         port=port or settings.ingest_port,
         log_level=log_level.value,
         access_log=access_log,
         # Clients (SDKs) keep connections open between flushes.
         timeout_keep_alive=30,
+        **options,
     )
 
 
@@ -87,16 +102,38 @@ def serve(
         typer.Option(help="Most flow runs the served deployments execute at once (default: Prefect's).", min=1),
     ] = None,
     grace: Annotated[
-        float, typer.Option(help="Seconds each part (API, runner) gets to stop before it is killed.", min=0)
+        float,
+        typer.Option(help="Seconds each part (API, delivery workers, runner) gets to stop before it is killed.", min=0),
     ] = DEFAULT_GRACE_SECONDS,
+    ingest_workers: Annotated[
+        int,
+        typer.Option(help="Ingest API processes sharing the port; more than one is for PostgreSQL.", min=1),
+    ] = 1,
+    delivery_workers: Annotated[
+        int,
+        typer.Option(
+            help="Delivery worker processes running deliver/continuous (their claims are disjoint); 0 leaves it to "
+            "the runner, one process per scheduled run.",
+            min=0,
+        ),
+    ] = 1,
 ) -> None:
-    """Run the ingest API and the served deployments (deployments/prefect.yaml) on this machine.
+    """Run the ingest API, the delivery workers and the served deployments (deployments/prefect.yaml) here.
 
     Needs PREFECT_API_URL (a running Prefect server). Exits 1 when a part dies, so a process manager restarts it.
     """
     from prefect_webhooks.service import serve as run_service
 
-    raise typer.Exit(run_service(host, port, limit=limit, grace_seconds=grace))
+    raise typer.Exit(
+        run_service(
+            host,
+            port,
+            limit=limit,
+            grace_seconds=grace,
+            ingest_workers=ingest_workers,
+            delivery_workers=delivery_workers,
+        )
+    )
 
 
 @app.command()

@@ -11,11 +11,12 @@ benchmark run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import os
 import socket
 import ssl
-import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,7 +45,9 @@ from prefect_webhooks.message_headers import message_key_prefix
 from prefect_webhooks.network import BlockedAddressError, delivery_connector
 from prefect_webhooks.outbox import (
     Claimed,
+    bring_forward,
     claim_due_deliveries,
+    extend_leases,
     leased_rows,
     record_outcomes,
     release_leases,
@@ -54,6 +57,7 @@ from prefect_webhooks.retry import (
     JITTER,
     PERMANENT,
     RETRY,
+    RETRY_AFTER_REASON,
     RETRY_AFTER_STATUSES,
     RetryableDeliveryError,
     classify_status,
@@ -261,11 +265,20 @@ class EndpointStats:
 
 
 def _percentile(ordered: Sequence[float], fraction: float) -> float:
+    """The ``fraction`` quantile of sorted values, interpolated as ``statistics.quantiles(method="inclusive")``.
+
+    Read straight from the sorted list: a run of a busy delivery worker holds hundreds of thousands of latencies,
+    and ``statistics.quantiles`` would sort them again on the worker's event loop.
+    """
     if not ordered:
         return 0.0
     if len(ordered) == 1:
         return ordered[0]
-    return statistics.quantiles(ordered, n=100, method="inclusive")[round(fraction * 100) - 1]
+    position = fraction * (len(ordered) - 1)
+    below = int(position)
+    if below + 1 >= len(ordered):
+        return ordered[-1]
+    return ordered[below] + (ordered[below + 1] - ordered[below]) * (position - below)
 
 
 @dataclass
@@ -341,6 +354,26 @@ class DeliveryContext:
 
     def __repr__(self) -> str:
         return f"DeliveryContext(owner={self.owner!r})"
+
+
+@dataclass(eq=False)
+class Shift:
+    """A run's turn in a delivery worker: the worker's open sender and destination cache, and the handover.
+
+    A delivery worker (``prefect_webhooks.delivery_worker``) runs the ``deliver`` flow back to back in one process;
+    each run is a shift. The run's claim loop sets ``claiming`` once it has made its first claim, so the worker
+    knows the successor is delivering; the worker then sets the predecessor's ``handed_over``, and that run stops
+    claiming, finishes the batches it holds and ends. The two overlap by at least one claim: delivery never pauses.
+    """
+
+    sender: Sender
+    destinations: DestinationCache
+    claiming: asyncio.Event = field(default_factory=asyncio.Event)
+    handed_over: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+current_shift: contextvars.ContextVar[Shift | None] = contextvars.ContextVar("prefect_webhooks_shift", default=None)
+"""The shift of the run executing in this context (set by the delivery worker; None elsewhere)."""
 
 
 def new_owner() -> str:
@@ -452,6 +485,9 @@ def decide(
         return PERMANENT
     reason = _reason(results, RETRY)
     retry_after = _latest_retry_after(results, now)
+    if retry_after is not None:
+        # Said in the reason, so a recovered endpoint's backlog is not brought forward past the receiver's wish.
+        reason = f"{reason}; {RETRY_AFTER_REASON} {retry_after:%Y-%m-%d %H:%M:%S} UTC"
     deadline = deadline_of(first_attempt_at, settings)
     if hold_until is not None and now < deadline and (retry_after is None or retry_after <= deadline):
         # The task retry waits the backoff; the lease keeps other runs away meanwhile.
@@ -573,8 +609,14 @@ async def process_batch(
     if context.key_prefix is None:
         context.key_prefix = message_key_prefix(await store_call(settings, store_key, engine))
     prefix = context.key_prefix
-    results_by_row = await context.sender.send_all([(destination, row.body, f"{prefix}{row.id}")
-                                                    for row, destination in ready])
+    # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
+    # minutes): its leases are renewed while it sends, so no other run claims and sends them again meanwhile.
+    keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in ready]))
+    try:
+        results_by_row = await context.sender.send_all([(destination, row.body, f"{prefix}{row.id}")
+                                                        for row, destination in ready])
+    finally:
+        keeper.cancel()
     finished = store_now()
     hold_until = None
     if hold_seconds is not None:
@@ -602,6 +644,19 @@ async def process_batch(
     stats.rescheduled += result.rescheduled
     stats.filtered += result.filtered
     return result
+
+
+async def _keep_leases(context: DeliveryContext, ids: list[int]) -> None:
+    """Renew this process's lease on ``ids`` every third of the lease until cancelled."""
+    lease = context.settings.lease_seconds
+    while ids:
+        await asyncio.sleep(lease / 3)
+        try:
+            await store_call(context.settings, extend_leases, context.engine, ids, context.owner,
+                             store_now() + timedelta(seconds=lease))
+        except Exception as exc:
+            # The lease runs out as it would have without renewal: at worst a message is sent twice.
+            logger.warning("renewing the leases of a batch in flight failed: %s", type(exc).__name__)
 
 
 def _task_retry_plan() -> tuple[bool, float | None]:
@@ -672,7 +727,7 @@ async def deliver_due(
     run_for_seconds: float | None = None,
     until_empty: bool = False,
     parallel_batches: int = 2,
-    idle_sleep: float = 0.2,
+    idle_sleep: float = 0.3,
     run_batch: BatchRunner | None = None,
     engine: Engine | None = None,
     context: DeliveryContext | None = None,
@@ -683,11 +738,11 @@ async def deliver_due(
         destination: Only this destination block's messages; all when None.
         batch_size: Messages per claim; ``settings.claim_batch_size`` by default.
         max_batches: Stop after claiming this many batches.
-        run_for_seconds: Keep going this long, sleeping ``idle_sleep`` when nothing is due (continuous mode);
-            None means stop as soon as nothing is due and no batch is in flight.
+        run_for_seconds: Keep going this long (continuous mode); None means stop as soon as nothing is due and no
+            batch is in flight.
         until_empty: In continuous mode, stop early once nothing is due and no batch is in flight.
         parallel_batches: Batches in flight at once (they share one HTTP session and its concurrency limit).
-        idle_sleep: Seconds between claims while nothing is due, in continuous mode.
+        idle_sleep: Continuous mode: seconds from a claim that was not full (or found nothing) to the next claim.
         run_batch: How a batch is run: the Prefect task (``delivery_task()``) or ``run_batch_plain`` (default).
         engine: The store; the configured one by default.
         context: A prepared context (its sender must be open); one is made for the call by default.
@@ -695,6 +750,11 @@ async def deliver_due(
     Returns:
         What the run did, with per-endpoint request stats.
     """
+    shift = current_shift.get()
+    if context is None and shift is not None:
+        # In a delivery worker: the worker's warm session, circuit breakers and destination cache.
+        context = DeliveryContext(engine or get_engine(), shift.sender, destinations=shift.destinations,
+                                  settings=shift.sender.settings)
     if context is None:
         settings = get_settings()
         async with Sender(settings) as sender:
@@ -718,14 +778,23 @@ async def _claim_loop(
 ) -> DeliveryStats:
     size = batch_size or context.settings.claim_batch_size
     stop_at = time.monotonic() + run_for_seconds if run_for_seconds is not None else None
+    # Continuous mode: after a claim that was not full (no backlog) the next one waits ``idle_sleep``, so it finds
+    # more. Each batch is a Prefect task run, which costs the Prefect server ~10-25 ms of CPU whatever its size:
+    # this keeps task runs to a few per second at any rate, their batches growing with the rate.
+    spacing = idle_sleep if stop_at is not None else 0.0
+    shift = current_shift.get()
     in_flight: set[asyncio.Task[Any]] = set()
     claimed_batches = 0
+    next_claim_at = 0.0
     exhausted = False
     while True:
-        out_of_time = stop_at is not None and time.monotonic() >= stop_at
+        out_of_time = (stop_at is not None and time.monotonic() >= stop_at) or (
+            shift is not None and shift.handed_over.is_set())
         out_of_batches = max_batches is not None and claimed_batches >= max_batches
         exhausted = False
-        while not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1):
+        await _follow_circuits(context)
+        while (not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1)
+               and time.monotonic() >= next_claim_at):
             try:
                 rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
                                         destination)
@@ -734,26 +803,56 @@ async def _claim_loop(
                     raise
                 # Continuous mode outlives a store outage: claim again after a pause.
                 logger.error("claiming failed, store unavailable: %s", type(exc).__name__)
-                if not in_flight:
-                    await asyncio.sleep(max(idle_sleep, 1.0))
+                next_claim_at = time.monotonic() + max(idle_sleep, 1.0)
                 break
+            if shift is not None:
+                shift.claiming.set()
             if not rows:
                 exhausted = True
+                next_claim_at = time.monotonic() + spacing
                 break
             claimed_batches += 1
             context.stats.batches += 1
             in_flight.add(asyncio.ensure_future(run_batch(ClaimedBatch(rows), context)))
             out_of_batches = max_batches is not None and claimed_batches >= max_batches
+            if len(rows) < size:
+                next_claim_at = time.monotonic() + spacing
         if not in_flight:
             if out_of_time or out_of_batches or (exhausted and (stop_at is None or until_empty)):
                 break
-            await asyncio.sleep(idle_sleep)
+            await _idle(max(next_claim_at - time.monotonic(), 0.0) if next_claim_at else idle_sleep, shift)
             continue
-        done, in_flight = await asyncio.wait(in_flight, timeout=idle_sleep if exhausted else None,
-                                             return_when=asyncio.FIRST_COMPLETED)
+        wait = next_claim_at - time.monotonic()
+        timeout = wait if wait > 0 else (idle_sleep if exhausted else None)
+        done, in_flight = await asyncio.wait(in_flight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for finished in done:
             _log_batch_failure(finished)
     return context.stats
+
+
+async def _idle(seconds: float, shift: Shift | None) -> None:
+    """Sleep between claims; a handover ends the sleep at once."""
+    if shift is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+        await asyncio.wait_for(shift.handed_over.wait(), seconds)
+
+
+async def _follow_circuits(context: DeliveryContext) -> None:
+    """Bring waiting messages forward for endpoints whose circuit is due a probe (one) or recovered (all)."""
+    guard = context.sender.guard
+    for url, limit in [*((url, 1) for url in guard.take_due_probes()), *((url, None) for url in
+                                                                          guard.take_recovered())]:
+        names = context.destinations.names_for_url(url)
+        try:
+            moved = await store_call(context.settings, bring_forward, context.engine, names, limit=limit)
+        except Exception as exc:
+            # Only a shortcut: the messages are still due at their backoff time.
+            logger.warning("bringing messages forward for %s failed: %s", display_url(url), type(exc).__name__)
+            continue
+        if moved and limit is None:
+            logger.info("%s answers again: %d waiting message(s) are due now", display_url(url), moved)
 
 
 def _log_batch_failure(finished: asyncio.Task[Any]) -> None:

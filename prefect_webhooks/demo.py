@@ -223,7 +223,7 @@ def write_deployments_file(run_dir: Path) -> None:
     write_definitions(
         run_dir / "prefect.yaml",
         {
-            DELIVER_DEPLOYMENT: {"schedules": [{"interval": 20}], "parameters": {"run_for_seconds": 15}},
+            DELIVER_DEPLOYMENT: {"schedules": [{"interval": 10}], "parameters": {"run_for_seconds": 15}},
             # The demo runs its deletion itself.
             DELETIONS_DEPLOYMENT: {"schedules": [{"interval": 3600}]},
         },

@@ -117,6 +117,11 @@ class DestinationCache:
         self._entries[name] = (float("inf"), resolved)
         return resolved
 
+    def names_for_url(self, url: str) -> list[str]:
+        """The cached destinations that post to ``url``."""
+        return [name for name, (_, resolved) in self._entries.items()
+                if any(endpoint.url == url for endpoint in resolved.endpoints)]
+
     def forget(self, name: str | None = None) -> None:
         """Drop one cached destination (or all), so the next batch reads the block again."""
         if name is None:

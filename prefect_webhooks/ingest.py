@@ -34,7 +34,15 @@ from prefect_webhooks.payloads import outbound_payload
 from prefect_webhooks.routing import call_integrations, route
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.sources import SourceInfo
-from prefect_webhooks.store import SeenMessage, SuppressedUser, get_engine, insert_rows, store_now, to_store_time
+from prefect_webhooks.store import (
+    OutboxMessage,
+    SeenMessage,
+    SuppressedUser,
+    get_engine,
+    insert_rows,
+    store_now,
+    to_store_time,
+)
 from prefect_webhooks.timestamps import TimestampError, parse_timestamp, utcnow
 
 logger = logging.getLogger(__name__)
@@ -43,6 +51,9 @@ ALL_SOURCES = "*"
 # SQLite allows 999 bound parameters per statement in old builds; stay well under it.
 _IN_CHUNK = 400
 _SEEN = SeenMessage.__table__
+# PostgreSQL: the ingest writer refreshes the planner's statistics at 10,000, 100,000 and 1,000,000 calls written.
+ANALYZE_FIRST_AT = 10_000
+ANALYZE_LAST_AT = 1_000_000
 _SUPPRESSED = SuppressedUser.__table__
 
 
@@ -249,7 +260,8 @@ def prepare_batch(
     received_at = received_at or utcnow()
     if sent_at is not None:
         try:
-            parse_timestamp(sent_at)
+            # Parsed once for the batch: each call without its own sentAt gets the parsed time.
+            sent_at = parse_timestamp(sent_at)
         except TimestampError as exc:
             raise EnvelopeError("invalid_batch", f"batch-level sentAt: {exc}") from None
     batch = PreparedBatch(source=source, received_at=received_at)
@@ -292,6 +304,15 @@ def _chunks(values: Sequence[str], size: int = _IN_CHUNK) -> Iterable[Sequence[s
 
 def _seen_times(connection: Connection, source: str, message_ids: Sequence[str]) -> dict[str, datetime]:
     found: dict[str, datetime] = {}
+    if connection.dialect.name == "sqlite":
+        # Straight to the driver, as ``insert_rows`` does: SQLAlchemy's expanding IN cost more than the lookup.
+        # A hit (a duplicate) is rare; only its time needs parsing.
+        for chunk in _chunks(list(set(message_ids))):
+            statement = (f"SELECT message_id, received_at FROM {_SEEN.name} WHERE source = ? AND message_id IN "
+                         f"({', '.join('?' * len(chunk))})")
+            for message_id, received_at in connection.exec_driver_sql(statement, (source, *chunk)):
+                found[message_id] = datetime.fromisoformat(received_at) if isinstance(received_at, str) else received_at
+        return found
     for chunk in _chunks(sorted(set(message_ids))):
         query = select(_SEEN.c.message_id, _SEEN.c.received_at).where(
             _SEEN.c.source == source, _SEEN.c.message_id.in_(chunk)
@@ -300,8 +321,12 @@ def _seen_times(connection: Connection, source: str, message_ids: Sequence[str])
     return found
 
 
+def _any_suppressed(connection: Connection) -> bool:
+    return connection.execute(select(_SUPPRESSED.c.user_id).limit(1)).first() is not None
+
+
 def _suppressed(connection: Connection, source: str, users: set[str]) -> set[str]:
-    if not users or connection.execute(select(_SUPPRESSED.c.user_id).limit(1)).first() is None:
+    if not users:
         return set()
     found: set[str] = set()
     for chunk in _chunks(sorted(users)):
@@ -317,7 +342,10 @@ def _commit_source(
 ) -> list[IngestResult]:
     """Dedupe, suppress and write the batches of one source, in order; results in the same order."""
     seen = _seen_times(connection, source, [m.message_id for b in batches for m in b.messages])
-    suppressed = _suppressed(connection, source, {user for b in batches for m in b.messages for user in m.users})
+    suppressed = (
+        _suppressed(connection, source, {user for b in batches for m in b.messages for user in m.users})
+        if _any_suppressed(connection) else set()
+    )
     expired: list[dict[str, Any]] = []
     new_seen: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
@@ -470,6 +498,8 @@ class BatchWriter:
         self._pending = 0
         self._flusher: asyncio.Task | None = None
         self._last_purge = time.monotonic()
+        self._written = 0
+        self._analyze_at = ANALYZE_FIRST_AT
 
     @property
     def pending(self) -> int:
@@ -518,6 +548,7 @@ class BatchWriter:
         while self._waiting:
             self._write(self._take_group())
             self._maybe_purge()
+            self._maybe_analyze()
             await asyncio.sleep(0)
 
     def _write(self, group: list[_Item]) -> None:
@@ -531,8 +562,28 @@ class BatchWriter:
             error = exc
         finally:
             self._pending -= sum(len(item[0].messages) for item in group)
+        if error is None:
+            self._written += sum(result.accepted for result in results)
         for position, (_batch, future) in enumerate(group):
             _resolve(future, None if error else results[position], error)
+
+    def _maybe_analyze(self) -> None:
+        """PostgreSQL: refresh the planner's statistics while the tables are young (after 10,000, 100,000 and
+        1,000,000 calls written by this process).
+
+        On a new database the planner has no statistics yet and takes the dedupe lookup (``source = ? AND
+        message_id = ANY(…)``) for a scan of every row of the source: measured on 100,000 rows, 10 ms per 400 ids
+        instead of 1.2 ms, a cost that grows with the table until autovacuum's first ANALYZE, which under a steady
+        load comes a minute or more later. Later statistics are autovacuum's business.
+        """
+        if self._written < self._analyze_at or self.engine.dialect.name != "postgresql":
+            return
+        self._analyze_at = self._analyze_at * 10 if self._analyze_at < ANALYZE_LAST_AT else float("inf")
+        try:
+            with self.engine.begin() as connection:
+                connection.exec_driver_sql(f"ANALYZE {_SEEN.name}, {OutboxMessage.__tablename__}")
+        except Exception as exc:
+            logger.warning("refreshing the store's statistics failed: %s", type(exc).__name__)
 
     def _maybe_purge(self) -> None:
         if time.monotonic() - self._last_purge < self.purge_every_seconds:

@@ -15,6 +15,7 @@ from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.payloads import serialize
+from prefect_webhooks.retry import RETRY_AFTER_REASON
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import (
     DELIVERED,
@@ -199,6 +200,38 @@ def extend_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetim
         .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
         .values(lease_expires_at=until)
     )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | None = None) -> int:
+    """Make the waiting messages of ``destinations`` due now (the first ``limit`` to come due, or all).
+
+    Messages put off by a retry backoff are brought forward when their endpoint is known to answer again (a circuit
+    breaker probe succeeded), or one of them is, to carry the probe. Rows under a live lease (an in-process retry)
+    and rows whose next attempt a receiver's ``Retry-After`` set are left alone; the deadline and attempt count stay
+    as they are.
+
+    Returns:
+        How many rows were brought forward.
+    """
+    if not destinations:
+        return 0
+    now = store_now()
+    waiting = (
+        select(OUTBOX.c.id)
+        .where(
+            OUTBOX.c.destination.in_(list(destinations)),
+            OUTBOX.c.state == PENDING,
+            OUTBOX.c.next_attempt_at > now,
+            or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+            or_(OUTBOX.c.reason.is_(None), OUTBOX.c.reason.not_like(f"%{RETRY_AFTER_REASON}%")),
+        )
+        .order_by(OUTBOX.c.next_attempt_at)
+    )
+    if limit is not None:
+        waiting = waiting.limit(limit)
+    statement = update(OUTBOX).where(OUTBOX.c.id.in_(waiting.scalar_subquery())).values(next_attempt_at=now)
     with engine.begin() as connection:
         return connection.execute(statement).rowcount
 

@@ -39,6 +39,8 @@ PERMANENT = "permanent"
 
 RETRYABLE_STATUSES = frozenset({408, 429})
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+# Marks the reason of a message whose next attempt a receiver's Retry-After set ("HTTP 429; Retry-After <time> UTC").
+RETRY_AFTER_REASON = "Retry-After"
 # Prefect's ``retry_jitter_factor`` for the delivery task, and the spread of the delivery backoff.
 JITTER = 0.2
 # The jitter ranges of the two senders, as (lowest, highest) factors of the capped delay.

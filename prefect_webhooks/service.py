@@ -1,18 +1,23 @@
 """The one-machine service behind ``prefect-webhooks serve``: the ingest API plus the served deployments.
 
-It supervises two child processes, each in its own process group:
+It supervises its child processes, each in its own process group:
 
-- the ingest API: uvicorn running ``create_service_app`` (the ingest app with ``/metrics`` and ``/health/backlog``);
-- the deployments: ``python -m prefect_webhooks.deployments.serve``, a Prefect runner serving the deployments of
-  ``deployments/prefect.yaml`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``.
+- the ingest API: uvicorn running ``create_service_app`` (the ingest app with ``/metrics`` and ``/health/backlog``),
+  one process or ``ingest_workers`` processes sharing the port;
+- the delivery worker(s): ``python -m prefect_webhooks.delivery_worker``, each running the runs of the
+  ``deliver/continuous`` deployment in its own warm process (see that module); started together with the API, so
+  what is due is delivered within seconds of the start;
+- the other deployments: ``python -m prefect_webhooks.deployments.serve --no-deliver``, a Prefect runner serving the
+  rest of ``deployments/prefect.yaml`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``.
 
 Shutdown on SIGTERM or SIGINT is ordered so that no claimed message is lost: the API stops accepting first and
-finishes the requests it has (a message is only acknowledged after its commit), then the runner is told to stop
-and stops its flow-run processes. Rows a stopped delivery run had claimed are released at once (their lease owner,
-a process of this host, is gone), so they are pending again; if the supervisor itself is killed, the leases
-expire after ``lease_seconds`` and the rows return to pending all the same.
+finishes the requests it has (a message is only acknowledged after its commit), then the delivery workers stop
+claiming, finish their batches and complete their runs, then the runner is told to stop and stops its flow-run
+processes. Rows a stopped delivery process had claimed are released at once (their lease owner, a process of this
+host, is gone), so they are pending again; if the supervisor itself is killed, the leases expire after
+``lease_seconds`` and the rows return to pending all the same.
 
-If one child dies, the other is stopped too and the service exits non-zero, so a process manager restarts the pair.
+If one child dies, the others are stopped too and the service exits non-zero, so a process manager restarts them.
 """
 
 from __future__ import annotations
@@ -28,23 +33,26 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import psutil
-from sqlalchemy import select, update
-from sqlalchemy.engine import Engine
 
-from prefect_webhooks.store import PENDING, OutboxMessage, get_engine
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+# The store and HTTP client are imported where they are used: ``serve`` starts its parts first, so what is due is
+# delivered within seconds of the start.
 
 INGEST_READY_TIMEOUT = 60.0
+RUNNER_NICENESS = 10
 DEFAULT_GRACE_SECONDS = 30.0
 
 
 def create_service_app() -> Any:
     """The ingest API app with the monitoring routes added (a uvicorn ``--factory`` target)."""
-    from prefect_webhooks.api import create_app, tune_gc_for_serving
+    from prefect_webhooks.api import create_app
     from prefect_webhooks.metrics import METRICS_PATH, add_metrics_routes
+    from prefect_webhooks.runtime import tune_gc_for_serving
 
     app = create_app()
     if not any(getattr(route, "path", None) == METRICS_PATH for route in app.routes):
@@ -53,8 +61,8 @@ def create_service_app() -> Any:
     return app
 
 
-def ingest_command(host: str, port: int) -> list[str]:
-    """The command line that runs the ingest API on ``host:port``."""
+def ingest_command(host: str, port: int, workers: int = 1) -> list[str]:
+    """The command line that runs the ingest API on ``host:port`` (``workers`` processes sharing the port)."""
     return [
         sys.executable,
         "-m",
@@ -72,14 +80,23 @@ def ingest_command(host: str, port: int) -> list[str]:
         # Let in-flight requests finish on SIGTERM, but not forever.
         "--timeout-graceful-shutdown",
         "20",
+        *(["--workers", str(workers)] if workers > 1 else []),
     ]
 
 
-def deployments_command(limit: int | None = None) -> list[str]:
-    """The command line that serves the deployments (``deployments/serve.py``)."""
+def delivery_worker_command() -> list[str]:
+    """The command line of one delivery worker (``prefect_webhooks.delivery_worker``)."""
+    return [sys.executable, "-m", "prefect_webhooks.delivery_worker"]
+
+
+def deployments_command(limit: int | None = None, *, deliver: bool = False) -> list[str]:
+    """The command line that serves the deployments (``deployments/serve.py``); ``deliver/continuous`` only when
+    ``deliver`` (``serve`` runs it in delivery workers instead)."""
     command = [sys.executable, "-m", "prefect_webhooks.deployments.serve"]
     if limit:
         command += ["--limit", str(limit)]
+    if not deliver:
+        command.append("--no-deliver")
     return command
 
 
@@ -113,6 +130,8 @@ class Child:
     # The runner kills its flow-run processes with SIGKILL when it stops, so their runs would stay "Running" in the
     # UI. Sent SIGTERM first, a flow-run process reports its run as Crashed and exits.
     terminate_descendants_first: bool = False
+    # Added to the child's nice value: parts that are not on the path of a message yield the CPU to those that are.
+    niceness: int = 0
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Child:
@@ -121,9 +140,16 @@ class Child:
         On Linux the child also gets its stop signal when the supervisor dies (``PR_SET_PDEATHSIG``): a killed
         ``serve`` must not leave an ingest API holding its port, or a runner still starting flow runs.
         """
-        self.process = subprocess.Popen(
-            self.command, env=self.env, start_new_session=True, preexec_fn=stop_with_parent(self.stop_signal)
-        )
+        death_signal = stop_with_parent(self.stop_signal)
+        niceness = self.niceness
+
+        def prepare() -> None:
+            if death_signal is not None:
+                death_signal()
+            if niceness:
+                os.nice(niceness)
+
+        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True, preexec_fn=prepare)
         return self
 
     def running(self) -> bool:
@@ -236,6 +262,10 @@ def release_dead_local_leases(engine: Engine | None = None) -> int:
     Returns:
         How many rows were released.
     """
+    from sqlalchemy import select, update
+
+    from prefect_webhooks.store import PENDING, OutboxMessage, get_engine
+
     engine = engine or get_engine()
     table = OutboxMessage.__table__
     with engine.begin() as connection:
@@ -255,6 +285,8 @@ def release_dead_local_leases(engine: Engine | None = None) -> int:
 
 def wait_for_ingest(base_url: str, child: Child, timeout: float = INGEST_READY_TIMEOUT) -> None:
     """Block until the ingest API answers ``/health/backlog``; raise if the child dies or time runs out."""
+    import httpx
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not child.running():
@@ -268,16 +300,22 @@ def wait_for_ingest(base_url: str, child: Child, timeout: float = INGEST_READY_T
     raise TimeoutError(f"{child.name} not ready after {timeout:.0f} s")
 
 
-def stop_children(children: Sequence[Child], grace_seconds: float) -> None:
-    """Stop children in order: each gets its stop signal and ``grace_seconds``, then its group is killed."""
-    for child in children:
-        child.terminate()
-        if not child.wait(grace_seconds):
-            print(f"prefect-webhooks serve: {child.name} did not stop in {grace_seconds:.0f} s; killing it",
-                  file=sys.stderr)
-        # Anything left in the group (a flow-run process) goes too, reporting its run as Crashed; ``serve`` then
-        # releases what it had claimed.
-        child.kill_group()
+def stop_children(children: Sequence[Child | Sequence[Child]], grace_seconds: float) -> None:
+    """Stop children in order (a list of children stops together): each gets its stop signal and
+    ``grace_seconds``, then its group is killed."""
+    for stage in children:
+        together = [stage] if isinstance(stage, Child) else list(stage)
+        for child in together:
+            child.terminate()
+        deadline = time.monotonic() + grace_seconds
+        for child in together:
+            if not child.wait(max(deadline - time.monotonic(), 0.0)):
+                print(f"prefect-webhooks serve: {child.name} did not stop in {grace_seconds:.0f} s; killing it",
+                      file=sys.stderr)
+        for child in together:
+            # Anything left in the group (a flow-run process) goes too, reporting its run as Crashed; ``serve``
+            # then releases what it had claimed.
+            child.kill_group()
 
 
 def _install_stop_handlers(stop: threading.Event) -> None:
@@ -294,14 +332,20 @@ def serve(
     *,
     limit: int | None = None,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ingest_workers: int = 1,
+    delivery_workers: int = 1,
 ) -> int:
-    """Run the ingest API and the served deployments until SIGTERM/SIGINT or until one of them dies.
+    """Run the ingest API, the delivery workers and the served deployments until SIGTERM/SIGINT or until one dies.
 
     Args:
         host: Address for the ingest API; ``settings.ingest_host`` by default.
         port: Port for the ingest API; ``settings.ingest_port`` by default.
         limit: Most flow runs the runner executes at once (None: Prefect's default).
         grace_seconds: How long each child gets to stop before its process group is killed.
+        ingest_workers: Ingest API processes sharing the port (more than one is for PostgreSQL: on SQLite they
+            take turns at the one write lock).
+        delivery_workers: Delivery worker processes (their claims are disjoint); 0 leaves ``deliver/continuous``
+            to the runner, which starts a process per scheduled run as a work pool would.
 
     Returns:
         0 after a requested shutdown, 1 when a child exited on its own.
@@ -313,17 +357,30 @@ def serve(
     port = port or settings.ingest_port
     stop = threading.Event()
     _install_stop_handlers(stop)
-    # Ingest first so the API is up before scheduled deliveries start; stop order is the same: stop accepting,
-    # then stop delivering.
-    children = [Child("ingest API", ingest_command(host, port)).start()]
+    # The API and the delivery workers start together: what is already due is delivered while the API starts.
+    # The stop order: stop accepting, then stop delivering, then the other deployments.
+    api = Child("ingest API", ingest_command(host, port, ingest_workers)).start()
+    workers = [Child(f"delivery worker {number}", delivery_worker_command()).start()
+               for number in range(1, delivery_workers + 1)]
+    children: list[Child] = [api, *workers]
+    stages: list[Child | list[Child]] = [api, workers]
     exit_code = 0
     try:
-        wait_for_ingest(f"http://{host}:{port}", children[0])
+        wait_for_ingest(f"http://{host}:{port}", api)
         # The runner handles SIGINT as a clean stop (SIGTERM makes it exit from inside its signal handler).
-        children.append(Child(
-            "deployments", deployments_command(limit), stop_signal=signal.SIGINT, terminate_descendants_first=True
-        ).start())
-        print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, deployments served", flush=True)
+        # The other deployments (deletions, audience syncs, replays) run niced: an audience sync of a million members
+        # takes seconds of CPU that must not come out of ingest and delivery on a small machine.
+        runner = Child(
+            "deployments",
+            deployments_command(limit, deliver=not delivery_workers),
+            stop_signal=signal.SIGINT,
+            terminate_descendants_first=True,
+            niceness=RUNNER_NICENESS,
+        ).start()
+        children.append(runner)
+        stages.append(runner)
+        print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, {delivery_workers} delivery worker(s), "
+              "deployments served", flush=True)
         while not stop.wait(0.5):
             dead = [child for child in children if not child.running()]
             if dead:
@@ -334,7 +391,7 @@ def serve(
         print(f"prefect-webhooks serve: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
-        stop_children(children, grace_seconds)
+        stop_children(stages, grace_seconds)
         released = release_dead_local_leases()
         if released:
             print(f"prefect-webhooks serve: {released} interrupted deliveries returned to pending", flush=True)

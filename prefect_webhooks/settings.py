@@ -35,7 +35,12 @@ class WebhooksSettings(BaseSettings):
     lease_seconds: float = Field(
         default=120.0, gt=0, description="How long a claim holds messages before another run may take them."
     )
-    claim_batch_size: int = Field(default=500, gt=0, description="Messages claimed per delivery task run.")
+    claim_batch_size: int = Field(
+        default=2000,
+        gt=0,
+        description="Most messages claimed per delivery task run (a backlog is delivered in batches this big; a steady "
+        "stream in batches of what arrived since the last claim).",
+    )
     delivery_concurrency: int = Field(
         default=64, gt=0, description="Concurrent requests a delivery process keeps in flight."
     )

@@ -2,8 +2,8 @@
 
 Interface used by other test modules (keep it stable):
 
-- ``ingest_api_process(store_url, *, prefect_api_url, port=None, env=None)``: context manager yielding an object
-  with ``.url``, ``.process`` and ``.kill()``.
+- ``ingest_api_process(store_url, *, prefect_api_url, port=None, env=None, args=())``: context manager yielding an
+  object with ``.url``, ``.process`` and ``.kill()``.
 - ``save_source(name, write_key, destinations)`` and ``save_destination(name, urls, shared_secret=None)``.
 """
 
@@ -80,6 +80,7 @@ def ingest_api_process(
     port: int | None = None,
     env: dict | None = None,
     startup_timeout: float = 60.0,
+    args: tuple[str, ...] = (),
 ) -> Iterator[IngestServer]:
     """Run the ingest API (real uvicorn) in a subprocess on 127.0.0.1 until the block exits.
 
@@ -90,6 +91,7 @@ def ingest_api_process(
         port: Port to listen on (a free one by default).
         env: Extra environment variables for the server.
         startup_timeout: Seconds to wait for ``/health``.
+        args: Extra options of ``prefect-webhooks ingest`` (``--workers 2``).
     """
     port = port or free_port()
     child_env = {
@@ -102,7 +104,7 @@ def ingest_api_process(
     # A file, not a pipe: a pipe nobody reads would block a chatty server.
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     process = subprocess.Popen(
-        [sys.executable, "-m", "prefect_webhooks.cli", "ingest", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "prefect_webhooks.cli", "ingest", "--host", "127.0.0.1", "--port", str(port), *args],
         env=child_env,
         stdout=log,
         stderr=subprocess.STDOUT,

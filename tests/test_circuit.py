@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from prefect_webhooks.blocks import WebhookDestination
-from prefect_webhooks.circuit import CIRCUIT_OPEN_ERROR, CLOSED, HALF_OPEN, OPEN, Circuit
+from prefect_webhooks.circuit import CIRCUIT_OPEN_ERROR, CLOSED, HALF_OPEN, OPEN, Circuit, EndpointGuard
 from prefect_webhooks.delivery import DeliveryContext, DeliveryStats, Sender, deliver_due
 from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, enqueue
 from prefect_webhooks.settings import get_settings
@@ -54,6 +54,37 @@ def test_success_resets_the_consecutive_count() -> None:
     circuit.record(True, 0.1)
     circuit.record(False, 0.2)
     assert circuit.state == CLOSED
+
+
+def test_a_cooled_down_circuit_asks_once_for_a_probe_and_a_successful_probe_reports_the_recovery() -> None:
+    guard = EndpointGuard(threshold=1, cooldown=0.05, concurrency=4)
+    guard.record("http://a", False)
+    assert guard.state("http://a") == OPEN
+    assert guard.take_due_probes() == []
+    time.sleep(0.06)
+    # Cooled down with nothing sent: one request is wanted to probe with, asked for once.
+    assert guard.take_due_probes() == ["http://a"]
+    assert guard.take_due_probes() == []
+    assert guard.allow("http://a") and guard.state("http://a") == HALF_OPEN
+    assert guard.take_recovered() == []
+    guard.record("http://a", True)
+    assert guard.take_recovered() == ["http://a"]
+    assert guard.take_recovered() == []
+    # A success that was not a probe is no recovery.
+    guard.record("http://a", True)
+    assert guard.take_recovered() == []
+
+
+def test_a_failed_probe_asks_for_the_next_probe_after_a_new_cooldown() -> None:
+    guard = EndpointGuard(threshold=1, cooldown=0.05, concurrency=4)
+    guard.record("http://a", False)
+    time.sleep(0.06)
+    assert guard.take_due_probes() == ["http://a"]
+    assert guard.allow("http://a")
+    guard.record("http://a", False)
+    assert guard.take_due_probes() == [] and guard.take_recovered() == []
+    time.sleep(0.06)
+    assert guard.take_due_probes() == ["http://a"]
 
 
 @pytest.fixture

@@ -386,6 +386,63 @@ async def test_continuous_mode_picks_up_messages_enqueued_while_running(fast: st
     assert stats.delivered == 1
 
 
+async def test_a_steady_stream_is_delivered_in_few_batches_and_a_backlog_in_full_ones(fast: str) -> None:
+    # Each batch is a Prefect task run (server CPU per run whatever its size): a stream of 100 calls/s must not
+    # turn into a batch per call or two.
+    with Receiver() as receiver:
+        block = destination(receiver.url)
+        running = asyncio.create_task(deliver({"crm": block}, run_for_seconds=2.2, idle_sleep=0.25, batch_size=50))
+        for n in range(150):
+            await asyncio.to_thread(enqueue, "crm", [track(n)])
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(receiver.wait_for, 150, 10)
+        stats = await running
+    assert stats.delivered == 150
+    # ~2 s of stream at one claim per 0.25 s at most.
+    assert stats.batches <= 10, stats.summary()
+
+    enqueue("crm", [track(n) for n in range(500)])
+    with Receiver() as receiver:
+        backlog = await deliver({"crm": destination(receiver.url)}, run_for_seconds=30, until_empty=True,
+                                idle_sleep=0.25, batch_size=50)
+    # A backlog is claimed back to back in full batches, without the pause between claims.
+    assert backlog.delivered == 500 and backlog.batches == 10
+
+
+async def test_a_batch_that_sends_for_longer_than_its_lease_keeps_it(
+    fast: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20 messages, 4 at a time, 0.4 s each: the batch sends for 2 s against a 0.9 s lease.
+    monkeypatch.setenv("PREFECT_WEBHOOKS_LEASE_SECONDS", "0.9")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_ENDPOINT_CONCURRENCY", "4")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_REQUEST_TIMEOUT", "5")
+    get_settings.cache_clear()
+    enqueue("crm", [track(n) for n in range(20)])
+    with Receiver(default={"status": 200, "delay": 0.4}) as receiver:
+        block = destination(receiver.url)
+        first = asyncio.ensure_future(deliver({"crm": block}))
+        await asyncio.sleep(0.2)
+        # Another process keeps claiming while the first batch is still sending.
+        second = await deliver({"crm": block}, run_for_seconds=2.5, idle_sleep=0.1)
+        stats = await first
+    assert stats.delivered == 20 and second.delivered == 0
+    assert len(receiver.requests) == 20
+
+
+def test_artifact_latency_percentiles_are_the_inclusive_quantiles() -> None:
+    import random
+    import statistics
+
+    from prefect_webhooks.delivery import EndpointStats
+
+    for count in (1, 2, 3, 7, 1001):
+        stats = EndpointStats("crm", "http://x", latencies_ms=[random.uniform(0, 100) for _ in range(count)])
+        row = stats.row()
+        ordered = sorted(stats.latencies_ms)
+        expected = (statistics.quantiles(ordered, n=100, method="inclusive") if count > 1 else [ordered[0]] * 99)
+        assert (row["p50_ms"], row["p95_ms"]) == (round(expected[49], 1), round(expected[94], 1))
+
+
 def test_display_url_drops_credentials_and_query() -> None:
     assert display_url("https://user:pw@hooks.example.com:8443/in?token=abc") == "https://hooks.example.com:8443/in"
 

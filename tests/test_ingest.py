@@ -326,3 +326,31 @@ async def test_batch_writer_sheds_load_past_max_pending(store_url: str) -> None:
     assert (await first).accepted == 10
     assert (await writer.submit(prepare_batch([track(f"c{i}") for i in range(10)], SOURCE))).accepted == 10
     await writer.stop()
+
+
+async def test_batch_writer_gives_a_new_postgres_store_statistics_for_the_dedupe_lookup() -> None:
+    import os
+
+    from tests.conftest import _fresh_postgres_database
+
+    server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
+    if not server:
+        if os.environ.get("CI"):
+            pytest.fail("PREFECT_WEBHOOKS_TEST_POSTGRES_URL is not set")
+        pytest.skip("no PostgreSQL server (scripts/test-postgres)")
+    engine = get_engine(_fresh_postgres_database(server))
+    writer = BatchWriter(engine)
+    for start in range(0, 12_000, 2_000):
+        await asyncio.gather(*(writer.submit(prepare_batch([track(f"m{start + i}-{j}") for j in range(100)], SOURCE))
+                               for i in range(0, 2_000, 100)))
+    await writer.stop()
+    with engine.connect() as connection:
+        counted = dict(connection.exec_driver_sql(
+            "SELECT relname, reltuples FROM pg_class WHERE relname IN ('seen_messages', 'outbox')").all())
+        estimate = connection.exec_driver_sql(
+            "EXPLAIN SELECT message_id FROM seen_messages WHERE source = 'web'").scalars().first()
+    # The planner knows the tables' sizes (never analysed: -1) and that the source is every row, not a handful:
+    # otherwise it filters every row of the source for the dedupe lookup instead of probing the index per id.
+    assert counted["seen_messages"] >= 10_000 and counted["outbox"] >= 20_000, counted
+    assert int(estimate.split("rows=")[1].split()[0]) >= 10_000, estimate
+    engine.dispose()

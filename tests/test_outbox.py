@@ -8,6 +8,7 @@ from sqlalchemy.engine import Engine
 from prefect_webhooks.outbox import (
     ATTEMPTS,
     OUTBOX,
+    bring_forward,
     claim_due_deliveries,
     enqueue,
     extend_leases,
@@ -188,3 +189,27 @@ def test_replay_leaves_rows_purged_by_a_deletion_request_failed(store_url: str) 
     with engine.connect() as connection:
         states = dict(connection.execute(select(OUTBOX.c.id, OUTBOX.c.state)).all())
     assert states == {1: FAILED, 2: PENDING}
+
+
+def test_bring_forward_makes_waiting_rows_of_the_destinations_due_now(store_url: str) -> None:
+    engine = get_engine(store_url)
+    enqueue("crm", [track(n) for n in range(4)])
+    enqueue("other", [track(9)])
+    enqueue("crm", [track(10)])
+    later = store_now() + timedelta(minutes=10)
+    set_rows(engine, next_attempt_at=later, attempts=3, reason="HTTP 503")
+    with engine.begin() as connection:
+        # Row 2 comes due first; row 4 waits for an in-process retry under a live lease; row 6 for a Retry-After.
+        connection.execute(update(OUTBOX).where(OUTBOX.c.id == 2).values(next_attempt_at=later - timedelta(minutes=5)))
+        connection.execute(update(OUTBOX).where(OUTBOX.c.id == 4).values(lease_owner="w", lease_expires_at=later))
+        connection.execute(update(OUTBOX).where(OUTBOX.c.id == 6).values(
+            next_attempt_at=later - timedelta(minutes=9), reason="HTTP 429; Retry-After 2026-01-01 00:10:00 UTC"))
+
+    # One, to carry a probe: the one that would come due first.
+    assert bring_forward(engine, ["crm"], limit=1) == 1
+    assert [row.id for row in claim_due_deliveries(engine, 10, "me")] == [2]
+    # All: the rest of crm except the leased row; other destinations and attempt counts untouched.
+    assert bring_forward(engine, ["crm"]) == 2
+    assert sorted(row.id for row in claim_due_deliveries(engine, 10, "me")) == [1, 3]
+    assert {row.id: row.attempts for row in rows(engine)} == {1: 3, 2: 3, 3: 3, 4: 3, 5: 3, 6: 3}
+    assert bring_forward(engine, []) == 0

@@ -106,17 +106,25 @@ def test_workers_deliver_every_message_exactly_once_without_lease_expiry(backend
 
 @pytest.mark.slow
 def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
+    import signal
+
     lease = 0.5
     env = {"PREFECT_WEBHOOKS_LEASE_SECONDS": str(lease), "PREFECT_WEBHOOKS_CLAIM_BATCH_SIZE": "10",
            "PREFECT_WEBHOOKS_REQUEST_TIMEOUT": "5"}
     enqueue("d", payloads(20))
-    # Every request takes longer than the lease, so other claimers take the rows back while they are in flight.
+    # A live worker renews the leases of a batch in flight, however long it sends; a stalled one (stopped here with
+    # SIGSTOP while its requests are out, as a long pause or a frozen VM would) cannot, so after its lease another
+    # worker takes the rows and sends them again.
     with Receiver(default={"status": 200, "delay": 1.2}) as receiver:
-        # Continuous mode for a fixed time, so an idle worker keeps claiming and finds the expired leases.
-        workers = [start_worker(backend_url, {"d": [receiver.url]}, env=env, run_seconds=4.0, until_empty=False)
-                   for _ in range(2)]
-        for worker in workers:
-            worker_result(worker)
+        stalled = start_worker(backend_url, {"d": [receiver.url]}, env=env, run_seconds=6.0, until_empty=True)
+        receiver.wait_for(1, timeout=60)
+        stalled.send_signal(signal.SIGSTOP)
+        try:
+            other = start_worker(backend_url, {"d": [receiver.url]}, env=env, run_seconds=4.0, until_empty=False)
+            worker_result(other)
+        finally:
+            stalled.send_signal(signal.SIGCONT)
+        worker_result(stalled)
         received = received_ids(receiver.requests)
     report = accounting(20, received)
     with get_engine().connect() as connection:
@@ -126,7 +134,7 @@ def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
     for row in rows:
         by_row.setdefault(row.outbox_id, []).append(row.attempted_at)
     gaps = [later - earlier for times in by_row.values() for earlier, later in zip(times, times[1:], strict=False)]
-    print(f"\n{report.report('lease 0.5 s, requests 1.2 s')}; repeated requests: {len(gaps)}, "
+    print(f"\n{report.report('lease 0.5 s, a worker stalled with its requests out')}; repeated requests: {len(gaps)}, "
           f"shortest gap between two requests of one message: {min(gaps, default=None)}")
     assert report.delivered == 20 and report.pending == report.failed == 0
     assert report.duplicates > 0
@@ -158,3 +166,47 @@ def test_concurrent_schema_creation_on_a_fresh_postgres_database() -> None:
         assert {"outbox", "delivery_attempts"} <= set(inspect(engine).get_table_names())
     assert not failures, failures
 
+
+
+@pytest.mark.slow
+def test_ingest_api_processes_share_one_port_and_commit_every_call(prefect_harness: None, backend_url: str) -> None:
+    import threading
+    import uuid
+
+    import httpx
+    import psutil
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.servers import ingest_api_process, save_source
+
+    suffix = uuid.uuid4().hex[:10]
+    write_key = f"wk_workers_{suffix}"
+    save_source(f"workers-{suffix}", write_key, ["crm"])
+    answers: list[int] = []
+    serving: set[int] = set()
+    with ingest_api_process(backend_url, prefect_api_url=PREFECT_API_URL.value(), args=("--workers", "2")) as server:
+        # uvicorn's worker processes (multiprocessing also starts a resource tracker beside them).
+        workers = [child for child in psutil.Process(server.process.pid).children()
+                   if "resource_tracker" not in " ".join(child.cmdline())]
+        assert len(workers) == 2
+
+        def send(client_number: int) -> None:
+            # A new connection per request: the kernel hands each to whichever process accepts it first.
+            for batch in range(10):
+                calls = [{"type": "track", "userId": f"u{n}", "event": "E",
+                          "messageId": f"c{client_number}-b{batch}-{n}"} for n in range(50)]
+                with httpx.Client(auth=(write_key, ""), timeout=60) as client:
+                    answers.append(client.post(f"{server.url}/v1/batch", json={"batch": calls}).status_code)
+                    serving.update(worker.pid for worker in workers if any(
+                        connection.status == psutil.CONN_ESTABLISHED for connection in worker.net_connections()))
+
+        threads = [threading.Thread(target=send, args=(number,)) for number in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert answers == [200] * 80
+    with get_engine(backend_url).connect() as connection:
+        assert len(connection.execute(select(OUTBOX.c.message_id)).all()) == 8 * 10 * 50
+    # Both processes held client connections: one port, two processes serving it.
+    assert len(serving) == 2

@@ -26,6 +26,7 @@ from prefect_webhooks.deployments.serve import (
     DELIVER_DEPLOYMENT,
     REPLAY_DEPLOYMENT,
     build_deployments,
+    deliver_definition,
     deployment_schedule,
     load_audience_schedules,
     load_definitions,
@@ -137,12 +138,19 @@ def test_served_deployments_and_schedules(tmp_path: Path) -> None:
         ("audience-sync", "vip"),
     }
     deliver = deployments[("deliver", DELIVER_DEPLOYMENT)]
-    assert deliver.parameters == {"run_for_seconds": 55}
+    # Each run overlaps the next by 15 s, so delivery does not pause while the next run's process starts.
+    assert deliver.parameters == {"run_for_seconds": 75}
     assert deliver.schedules[0].schedule.interval.total_seconds() == 60
     assert deliver.entrypoint == "prefect_webhooks.flows.deliver.deliver"
     assert deployments[("deletions", DELETIONS_DEPLOYMENT)].schedules[0].schedule.interval.total_seconds() == 60
     assert deployments[("replay", REPLAY_DEPLOYMENT)].schedules in (None, [])
     assert deployments[("audience-sync", "vip")].schedules[0].schedule.cron == "0 * * * *"
+    # ``serve`` leaves deliver/continuous to its delivery workers, which register it from the same definition.
+    assert ("deliver", DELIVER_DEPLOYMENT) not in {(d.flow_name, d.name) for d in build_deployments(settings,
+                                                                                                 deliver=False)}
+    for_workers = served_deployment(deliver_definition(settings))
+    assert for_workers.parameters == deliver.parameters
+    assert for_workers.schedules[0].schedule == deliver.schedules[0].schedule
 
 
 def test_an_edited_deployments_file_changes_what_is_served(tmp_path: Path) -> None:
@@ -224,14 +232,24 @@ def _outbox_counts() -> dict[str, int]:
         return dict(connection.execute(select(table.c.state, func.count()).group_by(table.c.state)).all())
 
 
-def _start_delivery(service: subprocess.Popen[bytes]) -> UUID:
-    """Start a deliver run as soon as the service has registered its deployments; returns the flow run's id."""
-    from prefect.deployments import run_deployment
+def _running_deliver_runs() -> list[UUID]:
+    """The ids of the deliver runs running now."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
 
-    from prefect_webhooks.demo import wait_for_deployments
-
-    wait_for_deployments([f"deliver/{DELIVER_DEPLOYMENT}"], service, timeout=120)
-    return run_deployment(f"deliver/{DELIVER_DEPLOYMENT}", timeout=0).id
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["deliver"])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                any_=[StateType.RUNNING, StateType.PENDING]))))
+    return [run.id for run in runs]
 
 
 def _flow_run_state(flow_run_id: UUID) -> str:
@@ -265,13 +283,6 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
             # Long leases: rows must come back because the service released them, not because a lease expired.
             "PREFECT_WEBHOOKS_LEASE_SECONDS": "300",
             "PREFECT_WEBHOOKS_TASK_RETRIES": "0",
-            # No scheduled run: the test starts the one delivery run, which keeps claiming for 120 s.
-            "PREFECT_WEBHOOKS_DEPLOYMENTS_FILE": str(
-                write_definitions(
-                    workdir / "prefect.yaml",
-                    {DELIVER_DEPLOYMENT: {"schedules": [], "parameters": {"run_for_seconds": 120}}},
-                )
-            ),
             "PYTHONPATH": str(ROOT),
         }
         log = workdir / "service.log"
@@ -287,16 +298,17 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
                 f"http://127.0.0.1:{port}/v1/batch", json=batch, headers={"Authorization": f"Basic {auth}"}
             )
             assert answer.status_code == 200, answer.text
-            assert _outbox_counts() == {PENDING: count}
-            interrupted_run = _start_delivery(service)
+            # The delivery worker's run claims them at once; their requests hang for 4 s.
             receiver.wait_for(1, timeout=120)
+            interrupted_runs = _running_deliver_runs()
+            assert interrupted_runs
             service.send_signal(signal.SIGTERM)
             assert service.wait(60) == 0, log.read_text()[-3000:]
-            # Nothing of the service is left: not the API, not the runner, not a flow-run process.
+            # Nothing of the service is left: not the API, not the worker, not the runner, not a flow-run process.
             time.sleep(1)
             assert not _group_alive(service.pid), log.read_text()[-3000:]
-            # The interrupted run says so in the UI instead of staying "Running".
-            assert _flow_run_state(interrupted_run) == "CRASHED", log.read_text()[-3000:]
+            # The stopped runs finished the batch in flight and completed, instead of staying "Running".
+            assert {_flow_run_state(run) for run in interrupted_runs} == {"COMPLETED"}, log.read_text()[-3000:]
         interrupted = _outbox_counts()
         # Stopped mid-batch: every row is delivered (its outcome was recorded) or pending again; none is lost,
         # failed, or still held by the stopped run's lease.
@@ -305,8 +317,7 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
         assert "interrupted deliveries returned to pending" in log.read_text() or PENDING not in interrupted
 
         receiver.default = 200
-        with running_service(env, port, log) as service:
-            _start_delivery(service)
+        with running_service(env, port, log):
             deadline = time.monotonic() + 120
             while _outbox_counts() != {DELIVERED: count}:
                 assert time.monotonic() < deadline, (_outbox_counts(), log.read_text()[-3000:])

@@ -114,7 +114,8 @@ def test_prefect_deploy_and_serve_make_the_same_deployments(prefect_harness: Non
     # The comparison is about the shipped values, not two empty definitions.
     deliver = deployed[("deliver", "continuous")]
     assert deliver["entrypoint"] == "prefect_webhooks.flows.deliver.deliver"
-    assert deliver["parameters"] == {"run_for_seconds": 55}
+    # Each run overlaps the next one's start by 15 s: delivery does not pause while a new process starts.
+    assert deliver["parameters"] == {"run_for_seconds": 75}
     assert [s["interval"] for s in deliver["schedules"]] == [60.0]
     assert [s["interval"] for s in deployed[("deletions", "interval")]["schedules"]] == [60.0]
     assert deployed[("replay", "on-demand")]["schedules"] == []

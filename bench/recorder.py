@@ -1,0 +1,159 @@
+"""A webhook receiver for benchmarks that records when each message arrives, in its own process.
+
+    python bench/recorder.py PORT
+
+It answers ``200 ok`` to every POST and reads two numbers the load generator put in each message's
+``properties``: ``bench_seq`` (the event's number in its step) and ``bench_sent`` (the Unix time the generator
+sent it). Per step (``bench_step``) it keeps the arrival delays, a bitmap of the numbers seen (so duplicates and
+missing messages are counted), and per second of arrival the count and the longest delay. ``GET /_stats/<step>``
+answers those figures as JSON.
+
+It is a bare HTTP/1.1 server (uvloop + httptools, keep-alive, no framework) so that it costs the shared CPU as
+little as a receiver can while still looking inside each body: nginx costs less but cannot time arrivals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from array import array
+
+import httptools
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+_NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+
+
+def _number(body: bytes, key: bytes) -> float | None:
+    """The JSON number following ``"key":`` in ``body`` (no full parse: the receiver must stay cheap)."""
+    start = body.find(key)
+    if start < 0:
+        return None
+    start += len(key)
+    end = start
+    while end < len(body) and body[end] in b"0123456789.-eE+ ":
+        end += 1
+    try:
+        return float(body[start:end])
+    except ValueError:
+        return None
+
+
+class Step:
+    """What arrived for one step of the load."""
+
+    def __init__(self) -> None:
+        self.delays = array("d")
+        self.seen = bytearray()
+        self.duplicates = 0
+        self.per_second: dict[int, int] = {}
+        self.worst_per_second: dict[int, float] = {}
+        self.first = 0.0
+        self.last = 0.0
+
+    def add(self, seq: int, sent: float, now: float) -> None:
+        if seq >= len(self.seen) * 8:
+            self.seen.extend(bytes(max(seq // 8 + 1 - len(self.seen), len(self.seen))))
+        byte, bit = divmod(seq, 8)
+        if self.seen[byte] & (1 << bit):
+            self.duplicates += 1
+            return
+        self.seen[byte] |= 1 << bit
+        delay = now - sent
+        self.delays.append(delay)
+        second = int(now)
+        self.per_second[second] = self.per_second.get(second, 0) + 1
+        if delay > self.worst_per_second.get(second, 0.0):
+            self.worst_per_second[second] = delay
+        self.first = self.first or now
+        self.last = now
+
+    def stats(self) -> dict:
+        delays = sorted(self.delays)
+        count = len(delays)
+
+        def quantile(fraction: float) -> float | None:
+            return delays[min(count - 1, int(count * fraction))] if count else None
+
+        return {
+            "distinct": count,
+            "duplicates": self.duplicates,
+            "p50": quantile(0.50),
+            "p99": quantile(0.99),
+            "max": delays[-1] if count else None,
+            "first": self.first,
+            "last": self.last,
+            "per_second": self.per_second,
+            "worst_per_second": self.worst_per_second,
+        }
+
+
+STEPS: dict[int, Step] = {}
+UNTAGGED = [0]
+
+
+def record(body: bytes) -> None:
+    now = time.time()
+    step, seq, sent = _number(body, b'"bench_step":'), _number(body, b'"bench_seq":'), _number(body, b'"bench_sent":')
+    if step is None or seq is None or sent is None:
+        UNTAGGED[0] += 1
+        return
+    STEPS.setdefault(int(step), Step()).add(int(seq), sent, now)
+
+
+class Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.body: list[bytes] = []
+        self.url = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            assert self.transport is not None
+            self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self.transport is not None
+        method = self.parser.get_method()
+        if method == b"GET" and self.url.startswith(b"/_stats/"):
+            step = STEPS.get(int(self.url.rsplit(b"/", 1)[1]), Step())
+            payload = json.dumps({**step.stats(), "untagged": UNTAGGED[0]}).encode()
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        elif method == b"POST":
+            record(b"".join(self.body))
+            self.transport.write(_OK)
+        else:
+            self.transport.write(_NOT_FOUND)
+        self.body = []
+        self.url = b""
+        if not self.parser.should_keep_alive():
+            self.transport.close()
+
+
+async def serve(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Protocol, "127.0.0.1", port, backlog=1024)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(serve(int(sys.argv[1])))

@@ -83,6 +83,11 @@ def shift_seconds(definition: dict[str, Any], poll_seconds: float) -> float:
     return float(run_for) * 0.8
 
 
+def register_deliver_deployment(definition: dict[str, Any]) -> UUID:
+    """Create or update ``deliver/continuous`` from its definition; returns the deployment's id."""
+    return served_deployment(definition).apply()
+
+
 class DeliveryWorker:
     """Runs the runs of ``deliver/continuous`` one after another, overlapping at each handover, in this process."""
 
@@ -144,9 +149,9 @@ class DeliveryWorker:
     async def _register(self) -> UUID:
         while True:
             try:
-                # Built in a thread: ``Flow.to_deployment`` called from a coroutine returns a coroutine.
-                deployment = await asyncio.to_thread(served_deployment, self.definition)
-                return await deployment.aapply()
+                # In a thread: ``Flow.to_deployment`` and ``RunnerDeployment.apply`` are sync-compatible on older
+                # Prefect releases (called from a coroutine they return coroutines), plain functions on newer ones.
+                return await asyncio.to_thread(register_deliver_deployment, self.definition)
             except Exception as exc:
                 if self.stopping.is_set():
                     raise

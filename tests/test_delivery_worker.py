@@ -86,13 +86,18 @@ def test_delivery_does_not_pause_at_run_changeovers(prefect_harness: None, store
                                                          "properties": {"sent": time.time()}}])
             receiver.wait_for(1, timeout=60)
             sent = 1
-            started = time.monotonic()
-            while time.monotonic() - started < 20:
+            started = checked = time.monotonic()
+            # Calls keep arriving until four runs have handed over (however long a loaded machine takes for that).
+            while time.monotonic() - started < 120:
                 calls = [{"type": "track", "userId": f"u{sent + i}", "event": "Steady",
                           "properties": {"sent": time.time()}} for i in range(2)]
                 post_calls(port, WRITE_KEYS["changeover"], calls)
                 sent += 2
                 time.sleep(0.05)
+                if time.monotonic() - checked > 1:
+                    checked = time.monotonic()
+                    if sum(run.state.is_completed() for run in deliver_runs()) >= 4:
+                        break
             receiver.wait_for(sent, timeout=60)
             runs = deliver_runs()
     finished = [run for run in runs if run.state.is_completed()]

@@ -150,7 +150,7 @@ def test_served_deployments_and_schedules(tmp_path: Path) -> None:
                                                                                                  deliver=False)}
     for_workers = served_deployment(deliver_definition(settings))
     assert for_workers.parameters == deliver.parameters
-    assert for_workers.schedules[0].schedule == deliver.schedules[0].schedule
+    assert for_workers.schedules[0].schedule.interval == deliver.schedules[0].schedule.interval
 
 
 def test_an_edited_deployments_file_changes_what_is_served(tmp_path: Path) -> None:

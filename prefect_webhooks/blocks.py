@@ -10,6 +10,7 @@ from uuid import UUID
 
 from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.blocks.core import Block
+from prefect.exceptions import ObjectNotFound
 from prefect.types import SecretDict
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -54,6 +55,20 @@ async def save_block(block: Block, name: str, *, overwrite: bool = False) -> UUI
 async def load_block(block_type: type[BlockT], name: str) -> BlockT:
     """Load the saved block ``name`` from async code, on every Prefect 3 release (``aload`` exists from 3.5)."""
     return await block_type.load(name, _sync=False)  # type: ignore[call-arg,misc]
+
+
+def is_missing_block(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while loading a block, means no block document of that name is saved.
+
+    Prefect reports a missing document as an ``ObjectNotFound`` from its API client, re-raised by ``Block.load`` as
+    a ``ValueError`` chained to it; the chain is checked, never the message text.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ObjectNotFound):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def check_url(url: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 from prefect import get_client
 from sqlalchemy import select
 
-from prefect_webhooks.audiences import AudienceDefinition
+from prefect_webhooks.audiences import AudienceDefinition, AudienceError
 from prefect_webhooks.flows.audience_sync import artifact_key, audience_sync
 from prefect_webhooks.snapshots import SqlSnapshot
 from prefect_webhooks.store import OutboxMessage, get_engine
@@ -120,5 +120,8 @@ def test_empty_snapshot_needs_allow_empty(store_url: str, setup: dict[str, Any])
 
 def test_a_missing_source_block_fails_the_run(store_url: str, setup: dict[str, Any]) -> None:
     broken = definition(setup).model_copy(update={"sources": [f"missing-{setup['tag']}"]})
-    assert audience_sync(broken, return_state=True).is_failed()
+    state = audience_sync(broken, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(AudienceError, match=f"no Source block named 'missing-{setup['tag']}'"):
+        state.result()
     assert outbox_count() == 0

@@ -11,7 +11,7 @@ from prefect import get_client
 from sqlalchemy import select, update
 
 from prefect_webhooks.deletions import request_deletion, user_reference
-from prefect_webhooks.flows.deletions import ARTIFACT_KEY, deletions, source_destinations
+from prefect_webhooks.flows.deletions import ARTIFACT_KEY, deletions
 from prefect_webhooks.outbox import enqueue
 from prefect_webhooks.store import DELIVERED, OutboxMessage, SuppressedUser, get_engine
 from tests.servers import save_destination, save_source
@@ -41,12 +41,6 @@ def blocks() -> dict[str, str]:
 def rows() -> list[Any]:
     with get_engine().connect() as connection:
         return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
-
-
-def test_source_destinations_reads_blocks(blocks: dict[str, str]) -> None:
-    assert source_destinations(blocks["web"]) == [blocks["hooks-a"], blocks["hooks-b"]]
-    assert source_destinations(blocks["crm"]) == []
-    assert source_destinations(blocks["legacy"]) is None
 
 
 def test_flow_fans_out_purges_suppresses_and_shows_a_table(store_url: str, blocks: dict[str, str]) -> None:

@@ -139,6 +139,15 @@ async def test_disabled_source_is_refused(store_url: str, prefect_harness: None)
     assert rows(store_url) == []
 
 
+async def test_a_missing_source_is_refused_naming_it(store_url: str, prefect_harness: None) -> None:
+    name = f"missing-{uuid.uuid4().hex[:8]}"
+    state = await ingest(name, CALLS, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ValueError, match=f"no Source block named '{name}'"):
+        await state.result()
+    assert rows(store_url) == []
+
+
 def test_record_to_call_combines_json_and_dot_columns() -> None:
     call = record_to_call(
         {"type": "track", "context": '{"ip": "1.2.3.4"}', "context.os.name": "iOS", "properties.plan": "pro",

@@ -299,7 +299,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # noqa: ANN202
-        service.writer.start()
+        # The writer needs no start (it runs on the event loop when there is work); at shutdown it writes what waits.
         try:
             yield
         finally:

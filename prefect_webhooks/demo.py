@@ -136,11 +136,6 @@ class SigningReceiver:
         with self._lock:
             return Counter(body.get("type", "?") for body in self.bodies)
 
-    def users_of(self, message_type: str) -> list[dict[str, Any]]:
-        """Bodies of verified requests of one type."""
-        with self._lock:
-            return [body for body in self.bodies if body.get("type") == message_type]
-
 
 def start_group(
     command: list[str], env: dict[str, str], log: Path, cwd: Path | None = None

@@ -113,10 +113,3 @@ class DestinationCache:
         """The cached destinations that post to ``url``."""
         return [name for name, (_, resolved) in self._entries.items()
                 if any(endpoint.url == url for endpoint in resolved.endpoints)]
-
-    def forget(self, name: str | None = None) -> None:
-        """Drop one cached destination (or all), so the next batch reads the block again."""
-        if name is None:
-            self._entries.clear()
-        else:
-            self._entries.pop(name, None)

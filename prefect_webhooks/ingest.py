@@ -506,9 +506,6 @@ class BatchWriter:
         """Calls handed to the writer and not yet committed."""
         return self._pending
 
-    def start(self) -> None:
-        """Nothing to start: the writer runs on the event loop when there is work (kept for symmetry)."""
-
     async def stop(self) -> None:
         """Write what is waiting."""
         if self._flusher is not None:

@@ -295,7 +295,6 @@ class TestEnvelope:
 
 async def test_batch_writer_group_commits_concurrent_batches(store_url: str) -> None:
     writer = BatchWriter(get_engine(store_url))
-    writer.start()
     try:
         batches = [prepare_batch([track(f"m{i}-{j}") for j in range(10)], SOURCE) for i in range(20)]
         results = await asyncio.gather(*(writer.submit(batch) for batch in batches))
@@ -308,7 +307,6 @@ async def test_batch_writer_group_commits_concurrent_batches(store_url: str) -> 
 
 async def test_batch_writer_answers_duplicates_across_concurrent_batches(store_url: str) -> None:
     writer = BatchWriter(get_engine(store_url))
-    writer.start()
     try:
         results = await asyncio.gather(*(writer.submit(prepare_batch([track("same")], SOURCE)) for _ in range(5)))
     finally:

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from prefect_webhooks.blocks import WebhookDestination, is_missing_block, load_block
+from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.filters import Filters, compile_filters
 from prefect_webhooks.message_headers import MessageSigner
+from prefect_webhooks.saved_blocks import is_missing_block, load_block
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing import SIGNATURE_HEADER
 

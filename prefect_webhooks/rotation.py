@@ -19,13 +19,8 @@ from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.exceptions import ObjectNotFound
 from pydantic import SecretStr, TypeAdapter
 
-from prefect_webhooks.blocks import (
-    DEFAULT_ROTATION_WINDOW,
-    WebhookDestination,
-    is_missing_block,
-    load_block,
-    save_block,
-)
+from prefect_webhooks.blocks import DEFAULT_ROTATION_WINDOW, WebhookDestination
+from prefect_webhooks.saved_blocks import is_missing_block, load_block, save_block
 
 DESTINATION_BLOCK_SLUG = "webhook-destination"
 _PAGE = 200

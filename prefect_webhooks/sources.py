@@ -24,7 +24,8 @@ from typing import Any
 
 from prefect.client.orchestration import get_client
 
-from prefect_webhooks.blocks import Source, is_missing_block, load_block, save_block
+from prefect_webhooks.blocks import Source
+from prefect_webhooks.saved_blocks import is_missing_block, load_block, save_block
 from prefect_webhooks.settings import get_settings
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ import uuid
 import pytest
 
 from prefect_webhooks import sources
-from prefect_webhooks.blocks import Source, load_block, save_block
+from prefect_webhooks.blocks import Source
+from prefect_webhooks.saved_blocks import load_block, save_block
 from prefect_webhooks.sources import (
     DuplicateWriteKeyError,
     SourceInfo,

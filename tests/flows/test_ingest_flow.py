@@ -11,8 +11,9 @@ import pytest
 from prefect.client.orchestration import get_client
 from sqlalchemy import select
 
-from prefect_webhooks.blocks import Source, save_block
+from prefect_webhooks.blocks import Source
 from prefect_webhooks.flows.ingest import ingest, load_calls, record_to_call
+from prefect_webhooks.saved_blocks import save_block
 from prefect_webhooks.store import OutboxMessage, get_engine
 
 OUTBOX = OutboxMessage.__table__

@@ -321,16 +321,7 @@ def commit_batches(
 
 
 def ingest_batch(
-    raw_messages: Sequence[Any],
-    source: SourceInfo,
-    *,
-    engine: Engine | None = None,
-    context: dict[str, Any] | None = None,
-    integrations: dict[str, Any] | None = None,
-    sent_at: Any = None,
-    received_at: datetime | None = None,
-    oversize: Literal["raise", "reject"] = "raise",
-    first_index: int = 0,
+    raw_messages: Sequence[Any], source: SourceInfo, *, engine: Engine | None = None, **batch_fields: Any
 ) -> IngestResult:
     """Ingest one batch of calls from ``source`` and commit it (one transaction) before returning.
 
@@ -338,26 +329,13 @@ def ingest_batch(
         raw_messages: Calls in wire form (dicts).
         source: The source they came from.
         engine: The store (the configured one by default).
-        context: Batch-level context merged into each call.
-        integrations: Batch-level integrations merged into each call.
-        sent_at: Batch-level ``sentAt``.
-        received_at: Server time of receipt (now by default).
-        oversize: ``"raise"`` or ``"reject"`` a call over 32 KB (see ``prepare_batch``).
-        first_index: Index of the first call (for rejections).
+        **batch_fields: ``prepare_batch``'s keyword arguments (``context``, ``integrations``, ``sent_at``,
+            ``received_at``, ``oversize``, ``first_index``).
 
     Raises:
         EnvelopeError: the batch is refused as a whole.
     """
-    prepared = prepare_batch(
-        raw_messages,
-        source,
-        context=context,
-        integrations=integrations,
-        sent_at=sent_at,
-        received_at=received_at,
-        oversize=oversize,
-        first_index=first_index,
-    )
+    prepared = prepare_batch(raw_messages, source, **batch_fields)
     with (engine or get_engine()).begin() as connection:
         return commit_batches(connection, [prepared])[0]
 

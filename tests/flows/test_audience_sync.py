@@ -17,7 +17,7 @@ from prefect_webhooks.audiences import AudienceDefinition, AudienceError
 from prefect_webhooks.flows.audience_sync import artifact_key, audience_sync
 from prefect_webhooks.snapshots import SqlSnapshot
 from prefect_webhooks.store import OutboxMessage, get_engine
-from tests.servers import save_destination, save_source
+from tests.servers import save_destination, save_source, task_names
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -75,6 +75,7 @@ def test_flow_syncs_and_shows_progress_and_table(store_url: str, setup: dict[str
     result = state.result()
     assert {row.destination: row.queued for row in result.destinations} == {names["crm"]: 50, names["ads"]: 50}
     assert outbox_count() == 100
+    assert task_names(state.state_details.flow_run_id) == {"read-source-destinations", "sync-audience-snapshot"}
 
     artifacts = run_artifacts(state.state_details.flow_run_id)
     progress = [artifact for artifact in artifacts if artifact["type"] == "progress"]

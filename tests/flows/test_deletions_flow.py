@@ -14,7 +14,7 @@ from prefect_webhooks.deletions import request_deletion, user_reference
 from prefect_webhooks.flows.deletions import ARTIFACT_KEY, deletions
 from prefect_webhooks.outbox import enqueue
 from prefect_webhooks.store import DELIVERED, OutboxMessage, SuppressedUser, get_engine
-from tests.servers import save_destination, save_source
+from tests.servers import save_destination, save_source, task_names
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 OUTBOX = OutboxMessage.__table__
@@ -68,6 +68,7 @@ def test_flow_fans_out_purges_suppresses_and_shows_a_table(store_url: str, block
     with get_engine().connect() as connection:
         assert connection.execute(select(SuppressedUser.__table__.c.source)).scalars().all() == ["*"]
 
+    assert task_names(state.state_details.flow_run_id) == {"process-deletion-batch"}
     with get_client(sync_client=True) as client:
         # A plain request: this client version's read_artifacts sends nulls the server rejects.
         artifacts = client.request(

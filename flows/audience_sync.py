@@ -35,7 +35,7 @@ def artifact_key(audience_key: str) -> str:
 
 
 @task(name="read-source-destinations", cache_policy=NO_CACHE)
-def enabled_destinations(sources: Sequence[str]) -> dict[str, list[str]]:
+def read_source_destinations(sources: Sequence[str]) -> dict[str, list[str]]:
     """Each Source block's enabled WebhookDestination names (a missing block is an error: the audience is
     misconfigured, and skipping it silently would never deliver)."""
     destinations_of = {}
@@ -100,7 +100,7 @@ def audience_sync(definition: AudienceDefinition, allow_empty: bool = False) -> 
         Per-destination counts of the sync.
     """
     logger = get_run_logger()
-    destinations_of = enabled_destinations(definition.sources)
+    destinations_of = read_source_destinations(definition.sources)
     result = sync_snapshot(definition, destinations_of, allow_empty)
     create_table_artifact(
         table=result_table(result),

@@ -23,8 +23,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from prefect_webhooks.audiences import AudienceDefinition, SyncResult, sync_audience
-from prefect_webhooks.blocks import Source
+from prefect_webhooks.audiences import AudienceDefinition, AudienceError, SyncResult, sync_audience
+from prefect_webhooks.sources import read_source
 
 PROGRESS_STEP = 2.0
 
@@ -34,11 +34,17 @@ def artifact_key(audience_key: str) -> str:
     return "audience-" + audience_key.replace("_", "-")
 
 
-@task(cache_policy=NO_CACHE)
-def enabled_destinations(sources: Sequence[str]) -> dict[str, list[str]]:
+@task(name="read-source-destinations", cache_policy=NO_CACHE)
+def read_source_destinations(sources: Sequence[str]) -> dict[str, list[str]]:
     """Each Source block's enabled WebhookDestination names (a missing block is an error: the audience is
     misconfigured, and skipping it silently would never deliver)."""
-    return {name: list(Source.load(name).destinations) for name in sources}
+    destinations_of = {}
+    for name in sources:
+        info = read_source(name)
+        if info is None:
+            raise AudienceError(f"sources: no Source block named {name!r}")
+        destinations_of[name] = list(info.destinations)
+    return destinations_of
 
 
 def progress_reporter(artifact_id: UUID) -> Callable[[float], None]:
@@ -54,8 +60,10 @@ def progress_reporter(artifact_id: UUID) -> Callable[[float], None]:
     return report
 
 
-@task(cache_policy=NO_CACHE)
-def sync(definition: AudienceDefinition, destinations_of: dict[str, list[str]], allow_empty: bool) -> SyncResult:
+@task(name="sync-audience-snapshot", cache_policy=NO_CACHE)
+def sync_snapshot(
+    definition: AudienceDefinition, destinations_of: dict[str, list[str]], allow_empty: bool
+) -> SyncResult:
     """Load, validate, diff and write the audience (one transaction per destination), showing progress."""
     artifact_id = create_progress_artifact(0.0, description=f"Syncing audience {definition.name!r}")
     return sync_audience(definition, destinations_of, allow_empty=allow_empty,
@@ -92,8 +100,8 @@ def audience_sync(definition: AudienceDefinition, allow_empty: bool = False) -> 
         Per-destination counts of the sync.
     """
     logger = get_run_logger()
-    destinations_of = enabled_destinations(definition.sources)
-    result = sync(definition, destinations_of, allow_empty)
+    destinations_of = read_source_destinations(definition.sources)
+    result = sync_snapshot(definition, destinations_of, allow_empty)
     create_table_artifact(
         table=result_table(result),
         key=artifact_key(result.key),

@@ -19,7 +19,6 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from prefect_webhooks.blocks import Source
 from prefect_webhooks.deletions import (
     DeletionOutcome,
     PendingRequest,
@@ -29,22 +28,14 @@ from prefect_webhooks.deletions import (
     request_deletion,
     user_reference,
 )
+from prefect_webhooks.sources import read_source
 
 ARTIFACT_KEY = "deletion-requests"
 BATCH_SIZE = 200
 
 
-def source_destinations(name: str) -> list[str] | None:
-    """A Source block's enabled WebhookDestination names, or None when no such block exists."""
-    try:
-        return list(Source.load(name).destinations)
-    except ValueError:
-        # Prefect raises ValueError("Unable to find block document named …") for a missing block.
-        return None
-
-
-@task(cache_policy=NO_CACHE)
-def process(requests: list[PendingRequest]) -> list[DeletionOutcome]:
+@task(name="process-deletion-batch", cache_policy=NO_CACHE)
+def process_deletion_batch(requests: list[PendingRequest]) -> list[DeletionOutcome]:
     """One batch of requests (one task run, not one per request); each request is its own transaction.
 
     A source block is read once per batch; the blocks are read before the transaction, so no API call holds the
@@ -55,7 +46,8 @@ def process(requests: list[PendingRequest]) -> list[DeletionOutcome]:
     for request in requests:
         for source in affected_sources(request):
             if source not in blocks:
-                blocks[source] = source_destinations(source)
+                info = read_source(source)
+                blocks[source] = None if info is None else list(info.destinations)
         outcomes.append(process_deletion(request, blocks))
     return outcomes
 
@@ -105,7 +97,7 @@ def deletions(
     requests = pending_requests(request_ids=[request_id] if request_id is not None else None)
     outcomes: list[DeletionOutcome] = []
     for start in range(0, len(requests), BATCH_SIZE):
-        outcomes.extend(process(requests[start:start + BATCH_SIZE]))
+        outcomes.extend(process_deletion_batch(requests[start:start + BATCH_SIZE]))
     if requests:
         create_table_artifact(
             table=outcome_table(requests, outcomes),

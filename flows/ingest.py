@@ -33,9 +33,8 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from prefect_webhooks.blocks import Source, load_block
 from prefect_webhooks.ingest import IngestResult, Rejection, ingest_batch
-from prefect_webhooks.sources import SourceInfo
+from prefect_webhooks.sources import SourceInfo, aread_source
 from prefect_webhooks.sync_flows import sync_compatible
 
 JSON_COLUMNS = ("properties", "traits", "context", "integrations")
@@ -173,10 +172,12 @@ async def ingest_chunk(calls: Sequence[Any], source: SourceInfo, first_index: in
 
 async def load_source(name: str) -> SourceInfo:
     """The saved Source block ``name`` as ingestion sees it; refuses a disabled source."""
-    block = await load_block(Source, name)
-    if not block.enabled:
+    info = await aread_source(name)
+    if info is None:
+        raise ValueError(f"no Source block named {name!r}")
+    if not info.enabled:
         raise ValueError(f"source {name!r} is disabled")
-    return SourceInfo(name=name, destinations=tuple(block.destinations), enabled=True)
+    return info
 
 
 def summarize(source: str, total: int, results: Sequence[IngestResult]) -> dict[str, Any]:

@@ -32,7 +32,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from prefect_webhooks.ingest import BatchWriter, Envelope, EnvelopeError, OverloadedError, batch_envelope, prepare_batch
+from prefect_webhooks.batch_writer import BatchWriter, OverloadedError
+from prefect_webhooks.envelope import Envelope, EnvelopeError, batch_envelope
+from prefect_webhooks.ingest import prepare_batch
 from prefect_webhooks.messages import MAX_BATCH_BYTES, MESSAGE_TYPES
 from prefect_webhooks.metrics import add_metrics_routes
 from prefect_webhooks.sources import SourceInfo, SourceRegistry, SourcesUnavailableError
@@ -299,7 +301,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):  # noqa: ANN202
-        service.writer.start()
+        # The writer needs no start (it runs on the event loop when there is work); at shutdown it writes what waits.
         try:
             yield
         finally:

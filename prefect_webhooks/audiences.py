@@ -1,4 +1,5 @@
-"""Audiences and computed traits: the registry, the snapshot diff and the one-transaction write.
+"""Audiences and computed traits: the sync (registry in ``audience_registry``, diff in ``audience_diff``) and its
+one-transaction write per destination.
 
 How an audience is defined: an ``AudienceDefinition`` (pydantic) is passed to the ``audience_sync`` flow. On its
 first sync it is registered in the ``audiences`` table under ``key = snake_case(name)`` (see ``naming``); the key
@@ -30,106 +31,38 @@ it: a crash anywhere loses nothing and repeats nothing, and two syncs of the sam
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
 
-import numpy as np
 import orjson
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from sqlalchemy import exists, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from pydantic import BaseModel
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection, Engine
 
-from prefect_webhooks.naming import snake_case
+# AudienceError is raised by sync_audience: callers import it from here.
+from prefect_webhooks.audience_definition import AudienceDefinition
+from prefect_webhooks.audience_definition import AudienceError as AudienceError
+from prefect_webhooks.audience_diff import SnapshotDiff, diff_snapshot, read_state
+from prefect_webhooks.audience_registry import (
+    AUDIENCES,
+    RegisteredAudience,
+    find_audience,
+    previously_non_empty,
+    record_members,
+    save_audience,
+)
 from prefect_webhooks.outbox import add_to_outbox, outbox_rows
 from prefect_webhooks.payloads import identify_payload
-from prefect_webhooks.snapshots import (
-    SnapshotError,
-    SnapshotProvider,
-    ValueType,
-    canonical_text,
-    load_snapshot,
-    reading_for,
-    validate_snapshot,
-)
-from prefect_webhooks.store import Audience, AudienceState, SuppressedUser, get_engine, store_now, to_store_time
+from prefect_webhooks.snapshots import SnapshotError, load_snapshot, reading_for, validate_snapshot
+from prefect_webhooks.store import AudienceState, SuppressedUser, get_engine, to_store_time
 from prefect_webhooks.timestamps import utcnow
 
-AUDIENCES = Audience.__table__
 STATE = AudienceState.__table__
 SUPPRESSED = SuppressedUser.__table__
 CHUNK_ROWS = 20_000
 MEMBER = "true"
 
 Progress = Callable[[float], None]
-
-
-class AudienceError(ValueError):
-    """An audience definition that conflicts with the registry (key collision, unknown key, kind change)."""
-
-
-class AudienceDefinition(BaseModel):
-    """What an audience or computed trait is and where its snapshot comes from.
-
-    Example:
-        ```python
-        from prefect_webhooks.audiences import AudienceDefinition
-        from prefect_webhooks.snapshots import SqlSnapshot
-
-        AudienceDefinition(
-            name="Big Spenders 2024",
-            sources=["web-app"],
-            snapshot=SqlSnapshot(url="postgresql://…", query="select user_id from big_spenders"),
-        )
-        ```
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, description="Display name; its snake_case form is the key at creation.")
-    key: str | None = Field(
-        default=None, description="Key of an existing audience (to rename it); defaults to snake_case(name)."
-    )
-    kind: Literal["audience", "computed_trait"] = Field(default="audience", description="Membership or a value.")
-    sources: list[str] = Field(description="Names of Source blocks whose Webhooks destinations receive it.")
-    snapshot: SnapshotProvider = Field(description="Where the full current snapshot is read from.")
-    id_column: str = Field(default="user_id", description="Snapshot column holding the user id.")
-    value_column: str | None = Field(default=None, description="Computed traits: the column holding the value.")
-    value_type: ValueType = Field(default="string", description="Computed traits: the JSON type of every value.")
-
-    @model_validator(mode="after")
-    def _value_column_for_traits(self) -> AudienceDefinition:
-        if self.kind == "computed_trait" and not self.value_column:
-            raise ValueError("a computed trait needs a value_column")
-        if self.kind == "audience" and self.value_column:
-            raise ValueError("an audience has no value_column (use kind='computed_trait')")
-        return self
-
-
-@dataclass(frozen=True)
-class RegisteredAudience:
-    """An audience as the registry knows it."""
-
-    key: str
-    name: str
-    kind: str
-    member_count: int | None
-
-
-@dataclass
-class SnapshotDiff:
-    """What changed for one destination: rows to send, and how many stayed the same."""
-
-    added: pd.DataFrame
-    changed: pd.DataFrame
-    removed: pd.Series
-    unchanged: int
-    # Unchanged values whose stored text was not canonical (state written before values were: "11.0" for 11):
-    # rewritten in the state, no message sent.
-    restated: pd.DataFrame | None = None
 
 
 class DestinationResult(BaseModel):
@@ -155,94 +88,6 @@ class SyncResult(BaseModel):
     destinations: list[DestinationResult]
 
 
-# --- registry -------------------------------------------------------------------------------------------------
-
-
-def _registered(row: Any) -> RegisteredAudience:
-    return RegisteredAudience(row.key, row.name, row.kind, row.member_count)
-
-
-def find_audience(definition: AudienceDefinition, connection: Connection) -> tuple[str, RegisteredAudience | None]:
-    """The key a definition maps to and its registry row (None when it is new); raises on a collision.
-
-    Raises:
-        AudienceError: The key belongs to an audience with another name, an explicit key is unknown, or the kind
-            differs from the registered one.
-    """
-    columns = (AUDIENCES.c.key, AUDIENCES.c.name, AUDIENCES.c.kind, AUDIENCES.c.member_count)
-    if definition.key is not None:
-        row = connection.execute(select(*columns).where(AUDIENCES.c.key == definition.key)).first()
-        if row is None and definition.key != snake_case(definition.name):
-            raise AudienceError(f"no audience has key {definition.key!r}; a new audience's key is its snake_case name")
-        key = definition.key
-        namesake = connection.execute(
-            select(AUDIENCES.c.key).where(AUDIENCES.c.name == definition.name, AUDIENCES.c.key != key)
-        ).first()
-        if namesake is not None:
-            # Names find audiences (a definition without key): two audiences must not share one.
-            raise AudienceError(
-                f"cannot name audience {key!r} {definition.name!r}: audience {namesake.key!r} already has that name"
-            )
-    else:
-        row = connection.execute(select(*columns).where(AUDIENCES.c.name == definition.name)).first()
-        key = row.key if row is not None else snake_case(definition.name)
-        if row is None:
-            row = connection.execute(select(*columns).where(AUDIENCES.c.key == key)).first()
-            # The same name found by key: a concurrent sync created this audience between the two reads.
-            if row is not None and row.name != definition.name:
-                raise AudienceError(
-                    f"audience {definition.name!r} would have key {key!r}, which audience {row.name!r} already has; "
-                    "choose another name"
-                )
-    found = _registered(row) if row is not None else None
-    if found is not None and found.kind != definition.kind:
-        raise AudienceError(f"audience {found.name!r} ({key!r}) is a {found.kind}, not a {definition.kind}")
-    return key, found
-
-
-def save_audience(
-    definition: AudienceDefinition, key: str, existing: RegisteredAudience | None, engine: Engine
-) -> None:
-    """Create the registry row, or update the name (rename) and sources of an existing one."""
-    now = store_now()
-    with engine.begin() as connection:
-        if existing is None:
-            statement = (sqlite_insert if connection.dialect.name == "sqlite" else postgresql_insert)(AUDIENCES)
-            created = connection.execute(
-                statement.values(
-                    key=key,
-                    name=definition.name,
-                    kind=definition.kind,
-                    sources=definition.sources,
-                    created_at=now,
-                    updated_at=now,
-                ).on_conflict_do_nothing()
-            ).rowcount
-            if not created:
-                # Created by a concurrent run meanwhile: fine if it is the same audience, a collision otherwise.
-                row = connection.execute(select(AUDIENCES.c.name, AUDIENCES.c.kind).where(AUDIENCES.c.key == key)).one()
-                if (row.name, row.kind) != (definition.name, definition.kind):
-                    raise AudienceError(
-                        f"audience {definition.name!r} would have key {key!r}, which audience {row.name!r} already "
-                        "has; choose another name"
-                    )
-        else:
-            connection.execute(
-                update(AUDIENCES)
-                .where(AUDIENCES.c.key == key)
-                .values(name=definition.name, sources=definition.sources, updated_at=now)
-            )
-
-
-def previously_non_empty(key: str, existing: RegisteredAudience | None, connection: Connection) -> bool:
-    """Whether an earlier sync of the audience had members (its count, or any state left by a partial run)."""
-    if existing is None:
-        return False
-    if existing.member_count:
-        return True
-    return bool(connection.execute(select(exists().where(STATE.c.audience_key == key))).scalar())
-
-
 # --- targets and suppression -----------------------------------------------------------------------------------
 
 
@@ -265,70 +110,6 @@ def suppressed_users(connection: Connection, source: str) -> set[str]:
     rows = connection.execute(select(SUPPRESSED.c.user_id).where(or_(SUPPRESSED.c.source == "*",
                                                                       SUPPRESSED.c.source == source)))
     return {row[0] for row in rows}
-
-
-# --- diff ------------------------------------------------------------------------------------------------------
-
-
-def read_state(connection: Connection, key: str, destination: str, with_values: bool) -> pd.DataFrame:
-    """The last state that reached the outbox for (audience, destination): ``user_id`` and, for traits, ``value``.
-
-    Read through the driver's own cursor (same connection, same transaction): SQLAlchemy's row objects cost
-    ~3 µs a row, which is seconds for a million members.
-    """
-    names = ["user_id", "value"] if with_values else ["user_id"]
-    mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
-    sql = (f"SELECT {', '.join(names)} FROM {STATE.name} "  # noqa: S608 - fixed column and table names
-           f"WHERE audience_key = {mark} AND destination = {mark}")
-    cursor = connection.connection.cursor()
-    try:
-        cursor.execute(sql, (key, destination))
-        rows = cursor.fetchall()
-    finally:
-        cursor.close()
-    # Plain object columns: pandas' default string dtype makes isin/merge on a million ids ~40x slower.
-    return pd.DataFrame({name: pd.Series([row[i] for row in rows], dtype=object) for i, name in enumerate(names)})
-
-
-def diff_snapshot(snapshot: pd.DataFrame, state: pd.DataFrame) -> SnapshotDiff:
-    """Compare a validated snapshot with the stored state, vectorised.
-
-    Both id columns are factorised together (one hash pass over snapshot + state, measured ~3x faster than two
-    ``isin`` calls on a million object ids); membership and the matching state row then come from integer arrays.
-
-    Args:
-        snapshot: ``user_id`` (unique) and, for traits, ``value`` (JSON-encoded).
-        state: The same columns as stored for one destination.
-    """
-    members = len(snapshot)
-    codes, uniques = pd.factorize(pd.concat([snapshot["user_id"], state["user_id"]], ignore_index=True))
-    snapshot_codes, state_codes = codes[:members], codes[members:]
-    # state_row[code] = the state row holding that id, or -1.
-    state_row = np.full(len(uniques), -1, dtype=np.int64)
-    state_row[state_codes] = np.arange(len(state), dtype=np.int64)
-    matched = state_row[snapshot_codes]
-    in_state = matched >= 0
-    in_snapshot = np.zeros(len(uniques), dtype=bool)
-    in_snapshot[snapshot_codes] = True
-    added = snapshot[~in_state]
-    removed = state["user_id"][~in_snapshot[state_codes]]
-    changed = restated = snapshot.iloc[0:0]
-    if "value" in snapshot.columns and in_state.any():
-        sent = state["value"].to_numpy(dtype=object)[matched[in_state]]
-        both = snapshot[in_state]
-        differs = both["value"].to_numpy(dtype=object) != sent
-        if differs.any():
-            # Values are compared as canonical JSON texts (11 and 11.0 are one number). Only the rows whose texts
-            # differ are looked at one by one: a stored text from before values were canonical may still be equal.
-            candidates = both[differs]
-            same = np.fromiter(
-                (canonical_text(old) == new for old, new in zip(sent[differs], candidates["value"].tolist(),
-                                                                    strict=True)),
-                dtype=bool, count=len(candidates),
-            )
-            changed, restated = candidates[~same], candidates[same]
-    return SnapshotDiff(added=added, changed=changed, removed=removed,
-                        unchanged=members - len(added) - len(changed), restated=restated)
 
 
 # --- the write -------------------------------------------------------------------------------------------------
@@ -461,15 +242,6 @@ def sync_destination(
         unchanged=diff.unchanged,
         queued=queued,
     )
-
-
-def record_members(key: str, members: int, engine: Engine) -> None:
-    """Remember the size of the last completed sync (the empty-snapshot guard reads it)."""
-    with engine.begin() as connection:
-        connection.execute(
-            update(AUDIENCES).where(AUDIENCES.c.key == key)
-            .values(member_count=members, last_synced_at=store_now(), updated_at=store_now())
-        )
 
 
 def prepare_snapshot(definition: AudienceDefinition, frame: pd.DataFrame | None = None) -> pd.DataFrame:

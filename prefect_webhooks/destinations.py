@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from prefect.exceptions import ObjectNotFound
 from pydantic import ValidationError
 
-from prefect_webhooks.blocks import WebhookDestination, load_block
+from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.filters import Filters, compile_filters
 from prefect_webhooks.message_headers import MessageSigner
+from prefect_webhooks.saved_blocks import is_missing_block, load_block
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing import SIGNATURE_HEADER
 
@@ -74,13 +74,6 @@ def _problems(error: ValidationError) -> str:
                      for item in error.errors(include_input=False, include_url=False))
 
 
-def _is_not_found(exc: BaseException) -> bool:
-    if isinstance(exc, ObjectNotFound):
-        return True
-    # Block.aload wraps a missing document in a ValueError ("Unable to find block document named …").
-    return isinstance(exc, ValueError) and "Unable to find block document" in str(exc)
-
-
 class DestinationCache:
     """Loads destination blocks by name and keeps each for ``ttl`` seconds."""
 
@@ -100,7 +93,7 @@ class DestinationCache:
         try:
             block = await load_block(WebhookDestination, name)
         except Exception as exc:
-            if _is_not_found(exc):
+            if is_missing_block(exc):
                 raise DestinationNotFound(name) from None
             # Prefect wraps a failed validation in a RuntimeError.
             if isinstance(exc.__cause__, ValidationError):
@@ -121,10 +114,3 @@ class DestinationCache:
         """The cached destinations that post to ``url``."""
         return [name for name, (_, resolved) in self._entries.items()
                 if any(endpoint.url == url for endpoint in resolved.endpoints)]
-
-    def forget(self, name: str | None = None) -> None:
-        """Drop one cached destination (or all), so the next batch reads the block again."""
-        if name is None:
-            self._entries.clear()
-        else:
-            self._entries.pop(name, None)

@@ -8,15 +8,13 @@ A batch goes through two steps:
 2. ``commit_batches`` (inside one transaction): drop duplicates of a messageId seen from the same source within the
    dedupe window (``SeenMessage``), drop calls about suppressed users (``SuppressedUser``), write the rest.
 
-``ingest_batch`` does both in one transaction; ``BatchWriter`` is the API's single writer (on the event loop): it
-commits the batches of concurrent requests together (group commit) and answers each request after the commit.
+``ingest_batch`` does both in one transaction; ``batch_writer.BatchWriter`` is the API's single writer (on the event
+loop): it commits the batches of concurrent requests together (group commit) and answers each request after the
+commit. The request body's batch-level fields are read in ``envelope``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import and_, bindparam, delete, select
 from sqlalchemy.engine import Connection, Engine
 
+from prefect_webhooks.envelope import EnvelopeError, merge_batch_fields
 from prefect_webhooks.messages import MAX_MESSAGE_BYTES, Alias, BaseMessage, MessageError, parse_message
 from prefect_webhooks.outbox import add_to_outbox, outbox_row
 from prefect_webhooks.payloads import outbound_payload
@@ -35,7 +34,6 @@ from prefect_webhooks.routing import call_integrations, route
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.sources import SourceInfo
 from prefect_webhooks.store import (
-    OutboxMessage,
     SeenMessage,
     SuppressedUser,
     get_engine,
@@ -45,15 +43,10 @@ from prefect_webhooks.store import (
 )
 from prefect_webhooks.timestamps import TimestampError, parse_timestamp, utcnow
 
-logger = logging.getLogger(__name__)
-
 ALL_SOURCES = "*"
 # SQLite allows 999 bound parameters per statement in old builds; stay well under it.
 _IN_CHUNK = 400
 _SEEN = SeenMessage.__table__
-# PostgreSQL: the ingest writer refreshes the planner's statistics at 10,000, 100,000 and 1,000,000 calls written.
-ANALYZE_FIRST_AT = 10_000
-ANALYZE_LAST_AT = 1_000_000
 _SUPPRESSED = SuppressedUser.__table__
 
 
@@ -75,15 +68,6 @@ class IngestResult(BaseModel):
     rows_written: int = Field(default=0, description="Outbox rows written (one per call and destination).")
 
 
-class EnvelopeError(ValueError):
-    """A request that is refused as a whole (answered 400): ``code`` is machine-readable, ``message`` says why."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 @dataclass
 class PreparedMessage:
     """A valid call, ready to be written: its dedupe key, the users it is about, and its outbox rows."""
@@ -102,76 +86,6 @@ class PreparedBatch:
     received_at: datetime
     messages: list[PreparedMessage] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
-
-
-@dataclass
-class Envelope:
-    """The batch-level fields of a request body."""
-
-    messages: list[Any]
-    context: dict[str, Any] | None = None
-    integrations: dict[str, Any] | None = None
-    sent_at: Any = None
-    write_key: str | None = None
-
-
-def _object_or_none(body: dict[str, Any], key: str) -> dict[str, Any] | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise EnvelopeError("invalid_batch", f"batch-level {key} must be a JSON object")
-    return value
-
-
-def batch_envelope(body: Any) -> Envelope:
-    """Read a ``/v1/batch`` body: the calls and the batch-level ``context``, ``integrations``, ``sentAt``, key.
-
-    Raises:
-        EnvelopeError: the body is not an object with a ``batch`` list.
-    """
-    if not isinstance(body, dict):
-        raise EnvelopeError("invalid_batch", "the body must be a JSON object with a batch list")
-    messages = body.get("batch")
-    if not isinstance(messages, list):
-        raise EnvelopeError("invalid_batch", "the body must have a batch list")
-    write_key = body.get("writeKey")
-    return Envelope(
-        messages=messages,
-        context=_object_or_none(body, "context"),
-        integrations=_object_or_none(body, "integrations"),
-        sent_at=body.get("sentAt"),
-        write_key=write_key if isinstance(write_key, str) else None,
-    )
-
-
-def merge_batch_fields(
-    raw: dict[str, Any],
-    context: dict[str, Any] | None = None,
-    integrations: dict[str, Any] | None = None,
-    sent_at: Any = None,
-) -> dict[str, Any]:
-    """A copy of ``raw`` with the batch-level fields merged in; the call's own values win.
-
-    ``context`` and ``integrations`` merge key by key (one level deep, and ``context.integrations`` key by key too);
-    ``sentAt`` fills in only when missing.
-    """
-    merged = dict(raw)
-    if context:
-        own = merged.get("context")
-        merged["context"] = {**context, **own} if isinstance(own, dict) else (own if own is not None else context)
-        batch_nested, own_nested = context.get("integrations"), (own or {}).get("integrations")
-        if isinstance(own, dict) and isinstance(batch_nested, dict) and isinstance(own_nested, dict):
-            # context.integrations routes the call (see routing): merged key by key like the top-level object.
-            merged["context"]["integrations"] = {**batch_nested, **own_nested}
-    if integrations:
-        own = merged.get("integrations")
-        merged["integrations"] = (
-            {**integrations, **own} if isinstance(own, dict) else (own if own is not None else integrations)
-        )
-    if sent_at is not None and merged.get("sentAt") is None:
-        merged["sentAt"] = sent_at
-    return merged
 
 
 def resolve_timestamp(message: BaseMessage, received_at: datetime) -> datetime:
@@ -407,16 +321,7 @@ def commit_batches(
 
 
 def ingest_batch(
-    raw_messages: Sequence[Any],
-    source: SourceInfo,
-    *,
-    engine: Engine | None = None,
-    context: dict[str, Any] | None = None,
-    integrations: dict[str, Any] | None = None,
-    sent_at: Any = None,
-    received_at: datetime | None = None,
-    oversize: Literal["raise", "reject"] = "raise",
-    first_index: int = 0,
+    raw_messages: Sequence[Any], source: SourceInfo, *, engine: Engine | None = None, **batch_fields: Any
 ) -> IngestResult:
     """Ingest one batch of calls from ``source`` and commit it (one transaction) before returning.
 
@@ -424,26 +329,13 @@ def ingest_batch(
         raw_messages: Calls in wire form (dicts).
         source: The source they came from.
         engine: The store (the configured one by default).
-        context: Batch-level context merged into each call.
-        integrations: Batch-level integrations merged into each call.
-        sent_at: Batch-level ``sentAt``.
-        received_at: Server time of receipt (now by default).
-        oversize: ``"raise"`` or ``"reject"`` a call over 32 KB (see ``prepare_batch``).
-        first_index: Index of the first call (for rejections).
+        **batch_fields: ``prepare_batch``'s keyword arguments (``context``, ``integrations``, ``sent_at``,
+            ``received_at``, ``oversize``, ``first_index``).
 
     Raises:
         EnvelopeError: the batch is refused as a whole.
     """
-    prepared = prepare_batch(
-        raw_messages,
-        source,
-        context=context,
-        integrations=integrations,
-        sent_at=sent_at,
-        received_at=received_at,
-        oversize=oversize,
-        first_index=first_index,
-    )
+    prepared = prepare_batch(raw_messages, source, **batch_fields)
     with (engine or get_engine()).begin() as connection:
         return commit_batches(connection, [prepared])[0]
 
@@ -453,144 +345,3 @@ def purge_seen(connection: Connection, *, window_seconds: float | None = None) -
     window = window_seconds if window_seconds is not None else get_settings().dedupe_window_seconds
     cutoff = store_now() - timedelta(seconds=window)
     return connection.execute(delete(_SEEN).where(_SEEN.c.received_at < cutoff)).rowcount or 0
-
-
-class OverloadedError(RuntimeError):
-    """The writer has more calls waiting than ``ingest_max_pending``."""
-
-
-_Item = tuple[PreparedBatch, asyncio.Future]
-
-
-def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return  # the request went away (client disconnect); its batch is committed all the same
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-class BatchWriter:
-    """The API's single writer: commits the batches of concurrent requests together (group commit).
-
-    SQLite has one writer at a time, so one committer writing everything that is waiting in one transaction beats
-    many small transactions. It runs on the event loop, between requests, not in a thread: measured on this
-    machine, a writer thread spent most of its time waiting for the GIL (the sqlite3 driver releases and retakes
-    it around every row while the loop thread parses requests), which cut throughput by more than half. Each
-    request awaits its future, answered only after the commit. A group holds at most ``max_group_messages``
-    calls; between groups the loop reads more requests.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        max_pending: int | None = None,
-        max_group_messages: int = 5000,
-        purge_every_seconds: float = 600.0,
-    ) -> None:
-        self.engine = engine
-        self.max_pending = max_pending if max_pending is not None else get_settings().ingest_max_pending
-        self.max_group_messages = max_group_messages
-        self.purge_every_seconds = purge_every_seconds
-        self._waiting: list[_Item] = []
-        self._pending = 0
-        self._flusher: asyncio.Task | None = None
-        self._last_purge = time.monotonic()
-        self._written = 0
-        self._analyze_at = ANALYZE_FIRST_AT
-
-    @property
-    def pending(self) -> int:
-        """Calls handed to the writer and not yet committed."""
-        return self._pending
-
-    def start(self) -> None:
-        """Nothing to start: the writer runs on the event loop when there is work (kept for symmetry)."""
-
-    async def stop(self) -> None:
-        """Write what is waiting."""
-        if self._flusher is not None:
-            await asyncio.shield(self._flusher)
-
-    async def submit(self, batch: PreparedBatch) -> IngestResult:
-        """Queue a batch and wait until it is committed.
-
-        Raises:
-            OverloadedError: too many calls are already waiting (answer 429).
-            Exception: the store refused the transaction (answer 5xx).
-        """
-        size = len(batch.messages)
-        if self._pending and self._pending + size > self.max_pending:
-            raise OverloadedError(f"{self._pending} calls are waiting to be written")
-        self._pending += size
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((batch, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        return await future
-
-    def _take_group(self) -> list[_Item]:
-        count = 0
-        taken = 0
-        for batch, _future in self._waiting:
-            if taken and count + len(batch.messages) > self.max_group_messages:
-                break
-            count += len(batch.messages)
-            taken += 1
-        group, self._waiting = self._waiting[:taken], self._waiting[taken:]
-        return group
-
-    async def _flush(self) -> None:
-        # Let requests already being read finish parsing, so they join this group.
-        await asyncio.sleep(0)
-        while self._waiting:
-            self._write(self._take_group())
-            self._maybe_purge()
-            self._maybe_analyze()
-            await asyncio.sleep(0)
-
-    def _write(self, group: list[_Item]) -> None:
-        error: BaseException | None = None
-        results: list[IngestResult] = []
-        try:
-            with self.engine.begin() as connection:
-                results = commit_batches(connection, [item[0] for item in group])
-        except Exception as exc:  # answered to every request of the group as a 5xx
-            logger.error("ingest write failed: %s", type(exc).__name__)
-            error = exc
-        finally:
-            self._pending -= sum(len(item[0].messages) for item in group)
-        if error is None:
-            self._written += sum(result.accepted for result in results)
-        for position, (_batch, future) in enumerate(group):
-            _resolve(future, None if error else results[position], error)
-
-    def _maybe_analyze(self) -> None:
-        """PostgreSQL: refresh the planner's statistics while the tables are young (after 10,000, 100,000 and
-        1,000,000 calls written by this process).
-
-        On a new database the planner has no statistics yet and takes the dedupe lookup (``source = ? AND
-        message_id = ANY(…)``) for a scan of every row of the source: measured on 100,000 rows, 10 ms per 400 ids
-        instead of 1.2 ms, a cost that grows with the table until autovacuum's first ANALYZE, which under a steady
-        load comes a minute or more later. Later statistics are autovacuum's business.
-        """
-        if self._written < self._analyze_at or self.engine.dialect.name != "postgresql":
-            return
-        self._analyze_at = self._analyze_at * 10 if self._analyze_at < ANALYZE_LAST_AT else float("inf")
-        try:
-            with self.engine.begin() as connection:
-                connection.exec_driver_sql(f"ANALYZE {_SEEN.name}, {OutboxMessage.__tablename__}")
-        except Exception as exc:
-            logger.warning("refreshing the store's statistics failed: %s", type(exc).__name__)
-
-    def _maybe_purge(self) -> None:
-        if time.monotonic() - self._last_purge < self.purge_every_seconds:
-            return
-        self._last_purge = time.monotonic()
-        try:
-            with self.engine.begin() as connection:
-                purge_seen(connection)
-        except Exception as exc:
-            logger.warning("purging old messageIds failed: %s", type(exc).__name__)

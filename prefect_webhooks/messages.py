@@ -81,10 +81,6 @@ class BaseMessage(BaseModel):
             raise ValueError("userId or anonymousId is required")
         return self
 
-    def to_wire(self) -> dict[str, Any]:
-        """The message as Segment-wire JSON (camelCase, ISO timestamps, unset fields left out)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
 
 class Identify(BaseMessage):
     """Ties a user to traits.

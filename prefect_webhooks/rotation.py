@@ -19,7 +19,8 @@ from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.exceptions import ObjectNotFound
 from pydantic import SecretStr, TypeAdapter
 
-from prefect_webhooks.blocks import DEFAULT_ROTATION_WINDOW, WebhookDestination, load_block, save_block
+from prefect_webhooks.blocks import DEFAULT_ROTATION_WINDOW, WebhookDestination
+from prefect_webhooks.saved_blocks import is_missing_block, load_block, save_block
 
 DESTINATION_BLOCK_SLUG = "webhook-destination"
 _PAGE = 200
@@ -117,8 +118,8 @@ def rotate_destination_secret(
     """
     try:
         block = WebhookDestination.load(name, _sync=True)
-    except ValueError as exc:
-        if "Unable to find block document" in str(exc):
+    except Exception as exc:
+        if is_missing_block(exc):
             raise ValueError(f"no WebhookDestination block named {name!r}") from None
         raise
     secret = block.rotate_secret(new_secret, window=window, force=force, _sync=True)

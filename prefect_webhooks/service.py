@@ -49,14 +49,12 @@ DEFAULT_GRACE_SECONDS = 30.0
 
 
 def create_service_app() -> Any:
-    """The ingest API app with the monitoring routes added (a uvicorn ``--factory`` target)."""
+    """The ingest API app (its monitoring routes included) in a process tuned for serving (a uvicorn ``--factory``
+    target)."""
     from prefect_webhooks.api import create_app
-    from prefect_webhooks.metrics import METRICS_PATH, add_metrics_routes
     from prefect_webhooks.runtime import tune_gc_for_serving
 
     app = create_app()
-    if not any(getattr(route, "path", None) == METRICS_PATH for route in app.routes):
-        add_metrics_routes(app)
     tune_gc_for_serving()
     return app
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from prefect.client.orchestration import get_client
 
-from prefect_webhooks.blocks import Source, save_block
+from prefect_webhooks.blocks import Source
+from prefect_webhooks.saved_blocks import is_missing_block, load_block, save_block
 from prefect_webhooks.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,32 @@ async def aread_source_entries() -> list[tuple[str, SourceInfo]]:
     async with get_client() as client:
         documents = await client.read_block_documents_by_type(block_type_slug=SOURCE_BLOCK_SLUG, include_secrets=True)
     return _entries(documents)
+
+
+def read_source(name: str) -> SourceInfo | None:
+    """The saved Source block ``name`` (its enabled destinations and whether it accepts events), or None when no
+    Source block has that name.
+
+    The one way flows read a source's destinations; ``aread_source`` is the same for async code.
+    """
+    try:
+        block = Source.load(name, _sync=True)
+    except Exception as exc:
+        if is_missing_block(exc):
+            return None
+        raise
+    return SourceInfo(name=name, destinations=tuple(block.destinations), enabled=block.enabled)
+
+
+async def aread_source(name: str) -> SourceInfo | None:
+    """The saved Source block ``name``, or None when no Source block has that name (async ``read_source``)."""
+    try:
+        block = await load_block(Source, name)
+    except Exception as exc:
+        if is_missing_block(exc):
+            return None
+        raise
+    return SourceInfo(name=name, destinations=tuple(block.destinations), enabled=block.enabled)
 
 
 def _refuse_shared_key(name: str, source: Source, entries: Iterable[tuple[str, SourceInfo]]) -> None:

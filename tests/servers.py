@@ -134,3 +134,14 @@ def save_destination(name: str, urls: list[str], shared_secret: str | None = Non
     WebhookDestination(endpoints=[{"url": url} for url in urls], shared_secret=shared_secret).save(
         name, overwrite=True
     )
+
+
+def task_names(flow_run_id: object) -> set[str]:
+    """The names of a flow run's tasks as the Prefect UI shows them (task run names without their suffix)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        runs = client.request("POST", "/task_runs/filter", json={
+            "flow_runs": {"id": {"any_": [str(flow_run_id)]}}, "limit": 200, "offset": 0}).json()
+    return {run["name"].rsplit("-", 1)[0] for run in runs}
+

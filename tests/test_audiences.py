@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
-from prefect_webhooks import audiences
+from prefect_webhooks import audience_diff, audiences
 from prefect_webhooks.audiences import AudienceDefinition, AudienceError, sync_audience
 from prefect_webhooks.snapshots import CsvSnapshot, ParquetSnapshot, SnapshotError, SqlSnapshot
 from prefect_webhooks.store import Audience, AudienceState, OutboxMessage, SuppressedUser, get_engine, store_now
@@ -389,7 +389,7 @@ def test_diff_matches_a_set_based_reference(before: dict[str, str], after: dict[
         return pd.DataFrame({"user_id": pd.Series(list(values), dtype=object),
                              "value": pd.Series(list(values.values()), dtype=object)})
 
-    diff = audiences.diff_snapshot(frame(after), frame(before))
+    diff = audience_diff.diff_snapshot(frame(after), frame(before))
     assert dict(zip(diff.added["user_id"], diff.added["value"], strict=True)) == {
         user: value for user, value in after.items() if user not in before}
     assert set(diff.removed) == set(before) - set(after)

@@ -17,7 +17,8 @@ from prefect.settings import PREFECT_API_URL
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import ValidationError
 
-from prefect_webhooks.blocks import Source, WebhookDestination, load_block
+from prefect_webhooks.blocks import Source, WebhookDestination
+from prefect_webhooks.saved_blocks import load_block
 
 SECRET_VALUE = "Bearer sUp3r-s3cret-t0ken"
 

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefect_webhooks.ingest import EnvelopeError, PreparedBatch, prepare_batch
+from prefect_webhooks.envelope import EnvelopeError
+from prefect_webhooks.ingest import PreparedBatch, prepare_batch
 from prefect_webhooks.messages import MAX_MESSAGE_BYTES, MessageError, parse_message
 from prefect_webhooks.sources import SourceInfo
 

@@ -24,7 +24,7 @@ import httpx
 import orjson
 import pytest
 
-from prefect_webhooks.demo import start_group, stop_group
+from prefect_webhooks.demo_stack import start_group, stop_group
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, write_definitions
 from prefect_webhooks.signing import SIGNATURE_HEADER, verify
 from tests.receivers import Receiver

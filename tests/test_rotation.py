@@ -16,12 +16,13 @@ import pytest
 from prefect import get_client
 from sqlalchemy import func, select
 
-from prefect_webhooks.blocks import WebhookDestination, load_block
+from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.cli import main
 from prefect_webhooks.delivery import deliver_due
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.outbox import OUTBOX, enqueue
 from prefect_webhooks.rotation import finish_rotations
+from prefect_webhooks.saved_blocks import load_block
 from prefect_webhooks.signing import sign, verify
 from prefect_webhooks.store import DELIVERED, FAILED, get_engine
 from tests.receivers import Receiver

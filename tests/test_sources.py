@@ -10,15 +10,18 @@ import uuid
 import pytest
 
 from prefect_webhooks import sources
-from prefect_webhooks.blocks import Source, load_block, save_block
+from prefect_webhooks.blocks import Source
+from prefect_webhooks.saved_blocks import load_block, save_block
 from prefect_webhooks.sources import (
     DuplicateWriteKeyError,
     SourceInfo,
     SourceRegistry,
+    aread_source,
     aread_source_entries,
     aregister_source,
     build_index,
     check_unique_write_key,
+    read_source,
     read_source_entries,
     register_source,
 )
@@ -89,6 +92,16 @@ async def test_read_source_entries_reads_secrets_in_one_call(prefect_harness: No
     assert entries[name] == (key, SourceInfo(name, ("x",), False))
     # The plain form reads the same, from sync code.
     assert await asyncio.to_thread(read_source_entries) == await aread_source_entries()
+
+
+async def test_read_source_gives_destinations_and_enabled_or_none_when_no_block(prefect_harness: None) -> None:
+    name, missing = f"one-{uuid.uuid4().hex[:8]}", f"missing-{uuid.uuid4().hex[:8]}"
+    await save_block(Source(write_key=uuid.uuid4().hex, destinations=["a", "b"], enabled=False), name)
+    assert await aread_source(name) == SourceInfo(name, ("a", "b"), False)
+    assert await aread_source(missing) is None
+    # The plain form reads the same, from sync code.
+    assert await asyncio.to_thread(read_source, name) == SourceInfo(name, ("a", "b"), False)
+    assert await asyncio.to_thread(read_source, missing) is None
 
 
 async def test_aregister_source_refuses_a_key_used_by_another_source(prefect_harness: None) -> None:

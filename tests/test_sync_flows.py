@@ -24,8 +24,8 @@ from prefect_webhooks.sync_flows import SyncCompatibleFlow, sync_compatible
 # awaited by the code named here (checked below: the name must still exist and still be a coroutine function).
 INTERNAL_STEPS = {
     "prefect_webhooks.api.read_body": "the ingest API's request handler",
-    "prefect_webhooks.blocks.save_block": "async code on every Prefect 3 release (plain code calls Block.save)",
-    "prefect_webhooks.blocks.load_block": "async code on every Prefect 3 release (plain code calls Block.load)",
+    "prefect_webhooks.saved_blocks.save_block": "async code on every Prefect 3 release (plain code calls Block.save)",
+    "prefect_webhooks.saved_blocks.load_block": "async code on every Prefect 3 release (plain code calls Block.load)",
     "prefect_webhooks.delivery.store_call": "deliver_due",
     "prefect_webhooks.delivery.process_batch": "deliver_due",
     "prefect_webhooks.delivery.deliver_batch": "the deliver flow's task",

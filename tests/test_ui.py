@@ -86,7 +86,8 @@ def render(url: str, profile: Path) -> str:
 def test_demo_artifacts_render_in_the_prefect_ui(tmp_path: Path) -> None:
     import httpx
 
-    from prefect_webhooks.demo import api_filter, demo_stack, drive, expected_counts
+    from prefect_webhooks.demo import api_filter, drive, expected_counts
+    from prefect_webhooks.demo_stack import demo_stack
 
     with demo_stack(tmp_path / "run", echo=False) as stack:
         result = drive(stack, timeout=240, echo=False)

@@ -13,11 +13,11 @@ import pytest
 from prefect import get_client
 from sqlalchemy import select
 
-from prefect_webhooks.audiences import AudienceDefinition
+from prefect_webhooks.audiences import AudienceDefinition, AudienceError
 from prefect_webhooks.flows.audience_sync import artifact_key, audience_sync
 from prefect_webhooks.snapshots import SqlSnapshot
 from prefect_webhooks.store import OutboxMessage, get_engine
-from tests.servers import save_destination, save_source
+from tests.servers import save_destination, save_source, task_names
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -75,6 +75,7 @@ def test_flow_syncs_and_shows_progress_and_table(store_url: str, setup: dict[str
     result = state.result()
     assert {row.destination: row.queued for row in result.destinations} == {names["crm"]: 50, names["ads"]: 50}
     assert outbox_count() == 100
+    assert task_names(state.state_details.flow_run_id) == {"read-source-destinations", "sync-audience-snapshot"}
 
     artifacts = run_artifacts(state.state_details.flow_run_id)
     progress = [artifact for artifact in artifacts if artifact["type"] == "progress"]
@@ -120,5 +121,8 @@ def test_empty_snapshot_needs_allow_empty(store_url: str, setup: dict[str, Any])
 
 def test_a_missing_source_block_fails_the_run(store_url: str, setup: dict[str, Any]) -> None:
     broken = definition(setup).model_copy(update={"sources": [f"missing-{setup['tag']}"]})
-    assert audience_sync(broken, return_state=True).is_failed()
+    state = audience_sync(broken, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(AudienceError, match=f"no Source block named 'missing-{setup['tag']}'"):
+        state.result()
     assert outbox_count() == 0

@@ -11,8 +11,9 @@ import pytest
 from prefect.client.orchestration import get_client
 from sqlalchemy import select
 
-from prefect_webhooks.blocks import Source, save_block
+from prefect_webhooks.blocks import Source
 from prefect_webhooks.flows.ingest import ingest, load_calls, record_to_call
+from prefect_webhooks.saved_blocks import save_block
 from prefect_webhooks.store import OutboxMessage, get_engine
 
 OUTBOX = OutboxMessage.__table__
@@ -136,6 +137,15 @@ async def test_disabled_source_is_refused(store_url: str, prefect_harness: None)
     await save_block(Source(write_key=uuid.uuid4().hex, enabled=False), name)
     state = await ingest(name, CALLS, return_state=True)
     assert state.is_failed()
+    assert rows(store_url) == []
+
+
+async def test_a_missing_source_is_refused_naming_it(store_url: str, prefect_harness: None) -> None:
+    name = f"missing-{uuid.uuid4().hex[:8]}"
+    state = await ingest(name, CALLS, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ValueError, match=f"no Source block named '{name}'"):
+        await state.result()
     assert rows(store_url) == []
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
 from prefect_webhooks.delivery.decision import BatchWrites, decide
 from prefect_webhooks.delivery.sender import RequestResult, display_url
-from prefect_webhooks.delivery.stats import DeliveryStats
+from prefect_webhooks.delivery.stats import DeliveryStats, MessageCounts
 from prefect_webhooks.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
 from prefect_webhooks.events import emit_delivery_failed
 from prefect_webhooks.filters import split_filtered
@@ -29,13 +29,9 @@ logger = logging.getLogger("prefect_webhooks.delivery")
 
 
 @dataclass
-class BatchResult:
+class BatchResult(MessageCounts):
     """What one try of a batch did."""
 
-    delivered: int = 0
-    failed: int = 0
-    rescheduled: int = 0
-    filtered: int = 0
     held: list[int] = field(default_factory=list)
     """Rows kept leased for an in-process retry."""
 
@@ -173,11 +169,7 @@ async def process_batch(
     result = BatchResult(delivered=len(records.delivered), failed=len(records.failed),
                          rescheduled=len(records.rescheduled) - len(writes.held), filtered=len(records.filtered),
                          held=writes.held)
-    stats = context.stats
-    stats.delivered += result.delivered
-    stats.failed += result.failed
-    stats.rescheduled += result.rescheduled
-    stats.filtered += result.filtered
+    context.stats.add(result)
     return result
 
 

@@ -132,7 +132,7 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
                and time.monotonic() >= next_claim_at):
             try:
                 rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
-                                        options.destination)
+                                        options.destination, lease_seconds=context.settings.lease_seconds)
             except Exception as exc:
                 if stop_at is None or not is_store_unavailable(exc):
                     raise

@@ -64,8 +64,8 @@ def decide(
     owner: str,
     settings: WebhooksSettings,
     sent_at: datetime | None = None,
-) -> str:
-    """Turn one message's request results into its new state (added to ``writes``); returns the outcome.
+) -> None:
+    """Turn one message's request results into its new state, added to ``writes``.
 
     Any 2xx delivers it; otherwise any retryable result reschedules it (held under this process's lease when an
     in-process retry follows, else due at the backoff time, never after the deadline); otherwise it failed for good.
@@ -79,10 +79,10 @@ def decide(
     winner = next((result for result in results if result.outcome == DELIVERED), None)
     if winner is not None:
         records.delivered.append(Delivered(row.id, attempts, first_attempt_at, now, winner.url))
-        return DELIVERED
+        return
     if not any(result.outcome == RETRY for result in results):
         writes.fail(row, f"permanent: {_reason(results, PERMANENT)}", attempts, first_attempt_at)
-        return PERMANENT
+        return
     reason = _reason(results, RETRY)
     retry_after = _latest_retry_after(results, now)
     if retry_after is not None:
@@ -98,7 +98,6 @@ def decide(
         lease_owner, lease_expires_at = None, None
     if when is None:
         writes.fail(row, f"expired: {reason} (after {attempts} attempts)", attempts, first_attempt_at)
-        return PERMANENT
+        return
     records.rescheduled.append(Rescheduled(row.id, attempts, first_attempt_at, reason, when, lease_owner,
                                            lease_expires_at))
-    return RETRY

@@ -53,13 +53,31 @@ def _percentile(ordered: Sequence[float], fraction: float) -> float:
 
 
 @dataclass
-class DeliveryStats:
-    """What a delivering run did: messages by outcome and requests per endpoint."""
+class MessageCounts:
+    """Messages by what became of them."""
 
     delivered: int = 0
     failed: int = 0
     rescheduled: int = 0
     filtered: int = 0
+
+    def add(self, other: MessageCounts) -> None:
+        """Add ``other``'s counts to these."""
+        self.delivered += other.delivered
+        self.failed += other.failed
+        self.rescheduled += other.rescheduled
+        self.filtered += other.filtered
+
+    def counts(self) -> dict[str, int]:
+        """The counts as a dict, for logs and results."""
+        return {"delivered": self.delivered, "failed": self.failed, "rescheduled": self.rescheduled,
+                "filtered": self.filtered}
+
+
+@dataclass
+class DeliveryStats(MessageCounts):
+    """What a delivering run did: messages by outcome and requests per endpoint."""
+
     batches: int = 0
     endpoints: dict[tuple[str, str], EndpointStats] = field(default_factory=dict)
     filtered_by_rule: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -81,5 +99,4 @@ class DeliveryStats:
 
     def summary(self) -> dict[str, int]:
         """Message counts for logs and flow results."""
-        return {"delivered": self.delivered, "failed": self.failed, "rescheduled": self.rescheduled,
-                "filtered": self.filtered, "batches": self.batches}
+        return {**self.counts(), "batches": self.batches}

@@ -51,8 +51,7 @@ async def deliver_batch(batch: ClaimedBatch, context: DeliveryContext) -> dict[s
     if result.held:
         # ``decide`` already extended the held rows' lease past the task's wait.
         raise RetryableDeliveryError(f"{len(result.held)} message(s) will be retried in about {next_delay:g} s")
-    return {"delivered": result.delivered, "failed": result.failed, "rescheduled": result.rescheduled,
-            "filtered": result.filtered}
+    return result.counts()
 
 
 def delivery_task(settings: WebhooksSettings) -> Task[Any, Any]:

@@ -179,3 +179,21 @@ async def test_without_the_breaker_the_same_hang_costs_timeouts(isolated: str, m
               f"requests to the hanging endpoint: {len(hanging.requests)}")
     assert len(hanging.requests) == 100
     assert with_broken > baseline + 3.0
+
+
+async def test_a_drain_brings_nothing_forward_for_a_probe_but_a_continuous_run_does(isolated: str) -> None:
+    with Receiver(default=503) as down:
+        enqueue("down", messages("down", 3))
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender)
+            context.destinations.remember("down", WebhookDestination(endpoints=[{"url": down.url}]))
+            # Three failures open the circuit; the messages wait for their 60 s backoff.
+            first = await deliver_due(context=context)
+            assert first.rescheduled == 3 and sender.guard.state(down.url) == OPEN
+            time.sleep(0.7)  # cooled down: a probe is due
+            # A drain ends once nothing is due: it does not make a message due to carry the probe.
+            await deliver_due(context=context)
+            assert len(down.requests) == 3
+            # A continuous run does, so the probe goes out on time.
+            await deliver_due(DeliveryOptions(run_for_seconds=1.0, idle_sleep=0.1), context=context)
+            assert len(down.requests) >= 4

@@ -117,6 +117,9 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
     # more. Each batch is a Prefect task run, which costs the Prefect server ~10-25 ms of CPU whatever its size:
     # this keeps task runs to a few per second at any rate, their batches growing with the rate.
     spacing = idle_sleep if stop_at is not None else 0.0
+    # Only a run that keeps delivering brings messages forward for a circuit's probe or recovery: in a run that ends
+    # once nothing is due, each probe would make one more message due, and a hanging endpoint would keep it going.
+    follow_circuits = stop_at is not None and not options.until_empty
     shift = current_shift.get()
     in_flight: set[asyncio.Task[Any]] = set()
     claimed_batches = 0
@@ -127,7 +130,8 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
             shift is not None and shift.handed_over.is_set())
         out_of_batches = max_batches is not None and claimed_batches >= max_batches
         exhausted = False
-        await _follow_circuits(context)
+        if follow_circuits:
+            await _follow_circuits(context)
         while (not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1)
                and time.monotonic() >= next_claim_at):
             try:

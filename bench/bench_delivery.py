@@ -152,7 +152,7 @@ async def ours(
 ) -> tuple[float, float]:
     """End to end through the outbox with ``deliver_due`` (no Prefect); messages/s and CPU µs per message."""
     from prefect_webhooks.blocks import WebhookDestination
-    from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
+    from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
     from prefect_webhooks.outbox import enqueue
     from prefect_webhooks.store import get_engine
 
@@ -163,7 +163,7 @@ async def ours(
         context = DeliveryContext(get_engine(url), sender)
         context.destinations.remember("bench", block)
         started, cpu = time.perf_counter(), time.process_time()
-        stats = await deliver_due(context=context, batch_size=batch_size, parallel_batches=parallel)
+        stats = await deliver_due(DeliveryOptions(batch_size=batch_size, parallel_batches=parallel), context=context)
         rates = _rates(len(payloads), started, cpu)
     assert stats.delivered == len(payloads) == count_delivered(url), stats.summary()
     return rates

@@ -16,7 +16,7 @@ from prefect import flow
 from prefect.artifacts import acreate_table_artifact
 from prefect.logging import get_run_logger
 
-from prefect_webhooks.delivery import DeliveryStats, deliver_due, delivery_task
+from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, deliver_due
 from prefect_webhooks.rotation import afinish_rotations
 from prefect_webhooks.sync_flows import sync_compatible
 
@@ -108,16 +108,10 @@ async def deliver(
     Returns:
         Message counts: delivered, failed, rescheduled, filtered, batches.
     """
-    stats = await deliver_due(
-        destination=destination,
-        batch_size=batch_size,
-        max_batches=max_batches,
-        run_for_seconds=run_for_seconds,
-        until_empty=until_empty,
-        parallel_batches=parallel_batches,
-        idle_sleep=idle_sleep,
-        run_batch=delivery_task(),
-    )
+    options = DeliveryOptions(destination=destination, batch_size=batch_size, max_batches=max_batches,
+                              run_for_seconds=run_for_seconds, until_empty=until_empty,
+                              parallel_batches=parallel_batches, idle_sleep=idle_sleep, prefect_tasks=True)
+    stats = await deliver_due(options)
     await publish_endpoint_artifacts(stats)
     await publish_filtered_artifacts(stats)
     await finish_ended_rotations()

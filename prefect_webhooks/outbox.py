@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
+from prefect_webhooks.outcomes import Delivered, OutcomeRecords
 from prefect_webhooks.payloads import serialize
 from prefect_webhooks.retry import RETRY_AFTER_REASON
 from prefect_webhooks.settings import get_settings
@@ -290,49 +291,39 @@ _RESCHEDULE = (
 )
 
 
-def record_outcomes(
-    engine: Engine,
-    *,
-    delivered: Sequence[dict[str, Any]] = (),
-    failed: Sequence[dict[str, Any]] = (),
-    rescheduled: Sequence[dict[str, Any]] = (),
-    attempts: Sequence[dict[str, Any]] = (),
-    filtered: Sequence[dict[str, Any]] = (),
-) -> None:
-    """Write one batch's results in one transaction: bulk updates per outcome and the attempt log.
-
-    Args:
-        engine: The store.
-        delivered: ``{b_id, b_attempts, b_first_attempt_at, b_at, b_url}`` per delivered row.
-        failed: ``{b_id, b_attempts, b_first_attempt_at, b_reason}`` per row that failed for good.
-        rescheduled: ``{b_id, b_attempts, b_first_attempt_at, b_reason, b_next_attempt_at, b_lease_owner,
-            b_lease_expires_at}`` per row to try again.
-        attempts: ``delivery_attempts`` rows, one per request (or refusal to send one).
-        filtered: ``{b_id, b_reason}`` per row a destination filter dropped (never sent).
-    """
+def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
+    """Write one batch's results in one transaction: bulk updates per kind of outcome and the attempt log."""
     with engine.begin() as connection:
-        insert_rows(connection, ATTEMPTS, attempts)
-        for group in _same_values(delivered):
+        insert_rows(connection, ATTEMPTS, [
+            {"outbox_id": a.outbox_id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
+             "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome} for a in records.attempts])
+        for group in _same_values(records.delivered):
             if len(group) == 1:
-                connection.execute(_MARK_DELIVERED, group)
-            else:
-                # One statement for rows that get the same values: far cheaper than executemany on a full batch.
-                values = {key.removeprefix("b_"): value for key, value in group[0].items() if key != "b_id"}
-                statement = (
-                    update(OUTBOX)
-                    .where(OUTBOX.c.id.in_([row["b_id"] for row in group]), OUTBOX.c.state == PENDING)
-                    .values(state=DELIVERED, reason=None, attempts=values["attempts"],
-                            first_attempt_at=values["first_attempt_at"], delivered_at=values["at"],
-                            delivered_url=values["url"], lease_owner=None, lease_expires_at=None)
-                )
-                connection.execute(statement)
-        if failed:
-            connection.execute(_MARK_FAILED, list(failed))
-        if rescheduled:
-            connection.execute(_RESCHEDULE, list(rescheduled))
+                (row,) = group
+                connection.execute(_MARK_DELIVERED, {"b_id": row.id, "b_attempts": row.attempts,
+                                                     "b_first_attempt_at": row.first_attempt_at, "b_at": row.at,
+                                                     "b_url": row.url})
+                continue
+            # One statement for rows that get the same values: far cheaper than executemany on a full batch.
+            first = group[0]
+            connection.execute(
+                update(OUTBOX)
+                .where(OUTBOX.c.id.in_([row.id for row in group]), OUTBOX.c.state == PENDING)
+                .values(state=DELIVERED, reason=None, attempts=first.attempts, first_attempt_at=first.first_attempt_at,
+                        delivered_at=first.at, delivered_url=first.url, lease_owner=None, lease_expires_at=None)
+            )
+        if records.failed:
+            connection.execute(_MARK_FAILED, [
+                {"b_id": row.id, "b_reason": row.reason, "b_attempts": row.attempts,
+                 "b_first_attempt_at": row.first_attempt_at} for row in records.failed])
+        if records.rescheduled:
+            connection.execute(_RESCHEDULE, [
+                {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
+                 "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
+                 "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled])
         by_reason: dict[str, list[int]] = {}
-        for row in filtered:
-            by_reason.setdefault(row["b_reason"], []).append(row["b_id"])
+        for row in records.filtered:
+            by_reason.setdefault(row.reason, []).append(row.id)
         for reason, ids in by_reason.items():
             # Many rows share a rule: one statement per rule.
             connection.execute(
@@ -342,12 +333,11 @@ def record_outcomes(
             )
 
 
-def _same_values(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Rows grouped by every value but ``b_id``, in first-seen order."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+def _same_values(rows: Sequence[Delivered]) -> list[list[Delivered]]:
+    """Delivered rows grouped by every value but the id, in first-seen order."""
+    groups: dict[tuple[Any, ...], list[Delivered]] = {}
     for row in rows:
-        key = tuple(sorted((name, value) for name, value in row.items() if name != "b_id"))
-        groups.setdefault(key, []).append(row)
+        groups.setdefault((row.attempts, row.first_attempt_at, row.at, row.url), []).append(row)
     return list(groups.values())
 
 

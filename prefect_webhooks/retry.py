@@ -31,11 +31,8 @@ from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from prefect_webhooks.outcomes import DELIVERED, PERMANENT, RETRY
 from prefect_webhooks.settings import WebhooksSettings, get_settings
-
-DELIVERED = "delivered"
-RETRY = "retry"
-PERMANENT = "permanent"
 
 RETRYABLE_STATUSES = frozenset({408, 429})
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -129,12 +126,6 @@ def backoff_delay(retry: int, base: float, cap: float, jitter: tuple[float, floa
     return delay if jitter is None else delay * random.uniform(*jitter)
 
 
-def base_delay(attempt_number: int, settings: WebhooksSettings | None = None) -> float:
-    """The delivery backoff before attempt ``attempt_number + 1``, without jitter."""
-    settings = settings or get_settings()
-    return backoff_delay(attempt_number, settings.retry_base_delay, settings.retry_max_delay)
-
-
 def retry_delay(attempt_number: int, settings: WebhooksSettings | None = None) -> float:
     """Seconds to wait after the ``attempt_number``-th failed delivery attempt (1-based), with ±20 % jitter.
 
@@ -147,12 +138,6 @@ def retry_delay(attempt_number: int, settings: WebhooksSettings | None = None) -
     """
     settings = settings or get_settings()
     return backoff_delay(attempt_number, settings.retry_base_delay, settings.retry_max_delay, DELIVERY_JITTER)
-
-
-def task_retry_delays(settings: WebhooksSettings | None = None) -> list[float]:
-    """The Prefect task ``retry_delay_seconds``: the first delays of the same backoff schedule."""
-    settings = settings or get_settings()
-    return [base_delay(number, settings) for number in range(1, settings.task_retries + 1)]
 
 
 def deadline_of(first_attempt_at: datetime, settings: WebhooksSettings | None = None) -> datetime:

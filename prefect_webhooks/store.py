@@ -20,19 +20,17 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Field, SQLModel, create_engine
 
+# The states of an outbox row, defined in ``outcomes``, are importable from here too, next to the table.
+from prefect_webhooks.outcomes import DELIVERED as DELIVERED
+from prefect_webhooks.outcomes import FAILED as FAILED
+from prefect_webhooks.outcomes import FILTERED as FILTERED
+from prefect_webhooks.outcomes import PENDING
 from prefect_webhooks.settings import get_settings
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
 BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 # Times are kept as naive UTC (NaiveDatetime columns): one representation on SQLite and PostgreSQL.
-
-# States of an outbox row.
-PENDING = "pending"
-DELIVERED = "delivered"
-FAILED = "failed"
-# Dropped by one of the destination's filter rules (named in ``reason``); never sent.
-FILTERED = "filtered"
 
 
 class OutboxMessage(SQLModel, table=True):

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.circuit import CIRCUIT_OPEN_ERROR, CLOSED, HALF_OPEN, OPEN, Circuit, EndpointGuard
-from prefect_webhooks.delivery import DeliveryContext, DeliveryStats, Sender, deliver_due
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
 from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, enqueue
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import DELIVERED, PENDING, get_engine
@@ -123,7 +123,7 @@ async def drain(blocks: dict[str, str], **kwargs: Any) -> DeliveryStats:
         context = DeliveryContext(get_engine(), sender)
         for name, url in blocks.items():
             context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url}]))
-        return await deliver_due(context=context, **kwargs)
+        return await deliver_due(DeliveryOptions(**kwargs), context=context)
 
 
 async def timed_drain(healthy: Receiver, broken_url: str | None, healthy_count: int, broken_count: int) -> float:
@@ -195,5 +195,5 @@ async def test_a_drain_brings_nothing_forward_for_a_probe_but_a_continuous_run_d
             await deliver_due(context=context)
             assert len(down.requests) == 3
             # A continuous run does, so the probe goes out on time.
-            await deliver_due(context=context, run_for_seconds=1.0, idle_sleep=0.1)
+            await deliver_due(DeliveryOptions(run_for_seconds=1.0, idle_sleep=0.1), context=context)
             assert len(down.requests) >= 4

@@ -23,7 +23,8 @@ from cryptography.x509.oid import NameOID
 from sqlalchemy import select
 
 from prefect_webhooks.blocks import WebhookDestination
-from prefect_webhooks.delivery import DeliveryContext, DeliveryStats, Sender, deliver_due, display_url
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
+from prefect_webhooks.delivery.sender import display_url
 from prefect_webhooks.messages import parse_message
 from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, enqueue
 from prefect_webhooks.payloads import delete_payload, outbound_payload
@@ -59,7 +60,7 @@ async def deliver(blocks: dict[str, WebhookDestination], **kwargs: Any) -> Deliv
         context = DeliveryContext(get_engine(), sender)
         for name, block in blocks.items():
             context.destinations.remember(name, block)
-        return await deliver_due(context=context, **kwargs)
+        return await deliver_due(DeliveryOptions(**kwargs), context=context)
 
 
 def track(n: int = 1) -> dict[str, Any]:
@@ -458,7 +459,7 @@ async def test_until_empty_ends_continuous_mode_early(fast: str) -> None:
 async def test_ssrf_guard_refuses_a_loopback_destination_without_sending(
     store_url: str, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prefect_webhooks.retry import PERMANENT
+    from prefect_webhooks.outcomes import PERMANENT
 
     monkeypatch.setenv("PREFECT_WEBHOOKS_BLOCK_PRIVATE_NETWORKS", "true")
     get_settings.cache_clear()

@@ -17,6 +17,7 @@ from prefect_webhooks.outbox import (
     release_leases,
     replay_failed,
 )
+from prefect_webhooks.outcomes import Attempt, Delivered, Failed, OutcomeRecords, Rescheduled
 from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine, store_now
 
 
@@ -126,16 +127,13 @@ def test_record_outcomes_writes_states_and_attempts_in_one_go(store_url: str) ->
     enqueue("crm", [track(n) for n in range(3)])
     now = store_now()
     later = now + timedelta(minutes=1)
-    record_outcomes(
-        engine,
-        delivered=[{"b_id": 1, "b_attempts": 1, "b_first_attempt_at": now, "b_at": now, "b_url": "http://a/"}],
-        failed=[{"b_id": 2, "b_attempts": 1, "b_first_attempt_at": now, "b_reason": "permanent: HTTP 404"}],
-        rescheduled=[{"b_id": 3, "b_attempts": 1, "b_first_attempt_at": now, "b_reason": "HTTP 503",
-                      "b_next_attempt_at": later, "b_lease_owner": None, "b_lease_expires_at": None}],
-        attempts=[{"outbox_id": i, "attempted_at": now, "url": "http://a/", "status_code": s, "error": None,
-                   "latency_ms": 1.5, "outcome": o} for i, s, o in ((1, 200, "delivered"), (2, 404, "permanent"),
-                                                                   (3, 503, "retry"))],
-    )
+    record_outcomes(engine, OutcomeRecords(
+        delivered=[Delivered(1, attempts=1, first_attempt_at=now, at=now, url="http://a/")],
+        failed=[Failed(2, "permanent: HTTP 404", attempts=1, first_attempt_at=now)],
+        rescheduled=[Rescheduled(3, attempts=1, first_attempt_at=now, reason="HTTP 503", next_attempt_at=later)],
+        attempts=[Attempt(i, now, "http://a/", status_code=s, error=None, latency_ms=1.5, outcome=o)
+                  for i, s, o in ((1, 200, "delivered"), (2, 404, "permanent"), (3, 503, "retry"))],
+    ))
     stored = rows(engine)
     assert [(row.state, row.reason) for row in stored] == [
         (DELIVERED, None), (FAILED, "permanent: HTTP 404"), (PENDING, "HTTP 503")]
@@ -169,9 +167,10 @@ def test_record_outcomes_groups_rows_with_equal_values(store_url: str) -> None:
     enqueue("crm", [track(n) for n in range(5)])
     now = store_now()
     earlier = now - timedelta(minutes=5)
-    same = {"b_attempts": 1, "b_first_attempt_at": now, "b_at": now, "b_url": "http://a/"}
-    record_outcomes(engine, delivered=[{"b_id": 1, **same}, {"b_id": 2, **same}, {"b_id": 4, **same},
-                                       {"b_id": 5, **same, "b_attempts": 3, "b_first_attempt_at": earlier}])
+    same = {"attempts": 1, "first_attempt_at": now, "at": now, "url": "http://a/"}
+    record_outcomes(engine, OutcomeRecords(delivered=[
+        Delivered(1, **same), Delivered(2, **same), Delivered(4, **same),
+        Delivered(5, **{**same, "attempts": 3, "first_attempt_at": earlier})]))
     stored = rows(engine)
     assert [row.state for row in stored] == [DELIVERED, DELIVERED, PENDING, DELIVERED, DELIVERED]
     assert [row.attempts for row in stored] == [1, 1, 0, 1, 3]

@@ -4,15 +4,12 @@ from email.utils import format_datetime
 import pytest
 from prefect.states import Completed, Failed
 
+from prefect_webhooks.outcomes import DELIVERED, PERMANENT, RETRY
 from prefect_webhooks.retry import (
     CLIENT_JITTER,
-    DELIVERED,
     DELIVERY_JITTER,
-    PERMANENT,
-    RETRY,
     RetryableDeliveryError,
     backoff_delay,
-    base_delay,
     classify_status,
     deadline_of,
     is_retryable_delivery_error,
@@ -21,7 +18,6 @@ from prefect_webhooks.retry import (
     parse_retry_after,
     retry_after_seconds,
     retry_delay,
-    task_retry_delays,
 )
 from prefect_webhooks.settings import WebhooksSettings
 
@@ -99,9 +95,9 @@ def test_backoff_jitter_stays_in_each_senders_range(jitter: tuple[float, float],
 
 
 def test_backoff_doubles_from_the_base_to_the_maximum() -> None:
-    assert [base_delay(n, SETTINGS) for n in (1, 2, 3, 4)] == [5, 10, 20, 40]
-    assert base_delay(20, SETTINGS) == 1800
-    assert base_delay(10_000, SETTINGS) == 1800
+    assert [backoff_delay(n, 5, 1800) for n in (1, 2, 3, 4)] == [5, 10, 20, 40]
+    assert backoff_delay(20, 5, 1800) == 1800
+    assert backoff_delay(10_000, 5, 1800) == 1800
 
 
 def test_retry_delay_has_twenty_percent_jitter() -> None:
@@ -112,8 +108,12 @@ def test_retry_delay_has_twenty_percent_jitter() -> None:
 
 
 def test_task_retry_delays_are_the_start_of_the_schedule() -> None:
+    from prefect_webhooks.delivery.task import task_retry_delays
+
     assert task_retry_delays(SETTINGS) == [5, 10, 20]
     assert task_retry_delays(SETTINGS.model_copy(update={"task_retries": 0})) == []
+    # Prefect's exponential_backoff, capped at retry_max_delay as the outbox's backoff is.
+    assert task_retry_delays(SETTINGS.model_copy(update={"task_retries": 12}))[-3:] == [1800, 1800, 1800]
 
 
 def test_next_attempt_is_backoff_within_the_deadline() -> None:

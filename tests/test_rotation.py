@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.cli import main
-from prefect_webhooks.delivery import deliver_due
+from prefect_webhooks.delivery import DeliveryOptions, deliver_due
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.outbox import OUTBOX, enqueue
 from prefect_webhooks.rotation import finish_rotations
@@ -65,7 +65,7 @@ async def test_a_rotation_in_the_middle_of_a_stream_rejects_nothing() -> None:
         await destination.save(keeping)
         other = WebhookDestination(endpoints=[{"url": laggard.url}], shared_secret=old, standard_webhooks=True)
         await other.save(lagging)
-        delivering = asyncio.create_task(deliver_due(run_for_seconds=10, idle_sleep=0.05))
+        delivering = asyncio.create_task(deliver_due(DeliveryOptions(run_for_seconds=10, idle_sleep=0.05)))
         rotate_at = time.time() + 1.5
         rotated_at = learn_at = window_end = 0.0
         sent = 0

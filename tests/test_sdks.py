@@ -38,7 +38,7 @@ import orjson
 import pytest
 from prefect.settings import PREFECT_API_URL
 
-from prefect_webhooks.delivery import deliver_due
+from prefect_webhooks.delivery import DeliveryOptions, deliver_due
 from prefect_webhooks.signing import verify
 from prefect_webhooks.store import get_engine
 from tests.receivers import Receiver
@@ -142,7 +142,7 @@ def test_sdk_calls_reach_the_receiver_exactly_as_the_destination_spec_says(stack
 
     sent = subprocess.run(sdk.command(stack.server.url, write_key), capture_output=True, text=True, timeout=120)
     assert sent.returncode == 0, f"{sdk.package} reported an error:\n{sent.stderr[-3000:]}"
-    stats = asyncio.run(deliver_due(destination=destination, engine=get_engine(stack.store_url)))
+    stats = asyncio.run(deliver_due(DeliveryOptions(destination=destination), engine=get_engine(stack.store_url)))
     assert stats.summary()["delivered"] == len(expected_bodies())
 
     requests = [request for request in stack.receiver.requests if request.path == path]

@@ -26,11 +26,11 @@ INTERNAL_STEPS = {
     "prefect_webhooks.api.read_body": "the ingest API's request handler",
     "prefect_webhooks.saved_blocks.save_block": "async code on every Prefect 3 release (plain code calls Block.save)",
     "prefect_webhooks.saved_blocks.load_block": "async code on every Prefect 3 release (plain code calls Block.load)",
-    "prefect_webhooks.delivery.store_call": "deliver_due",
-    "prefect_webhooks.delivery.process_batch": "deliver_due",
-    "prefect_webhooks.delivery.deliver_batch": "the deliver flow's task",
-    "prefect_webhooks.delivery.run_batch_plain": "deliver_due",
-    "prefect_webhooks.delivery.deliver_due": "the deliver flow (users run the flow: prefect_webhooks.flows.deliver)",
+    "prefect_webhooks.delivery.context.store_call": "deliver_due",
+    "prefect_webhooks.delivery.batch.process_batch": "deliver_due",
+    "prefect_webhooks.delivery.task.deliver_batch": "the deliver flow's task",
+    "prefect_webhooks.delivery.claims.deliver_due":
+        "the deliver flow (users run the flow: prefect_webhooks.flows.deliver)",
     "prefect_webhooks.flows.deliver.publish_endpoint_artifacts": "the deliver flow",
     "prefect_webhooks.flows.deliver.publish_filtered_artifacts": "the deliver flow",
     "prefect_webhooks.flows.deliver.finish_ended_rotations": "the deliver flow",
@@ -47,7 +47,8 @@ def is_async(value: object) -> bool:
 def public_members() -> list[tuple[str, object]]:
     found = []
     for package in (prefect_webhooks, prefect_webhooks.flows):
-        for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}."):
+        # Subpackages too (the delivery engine, the client): each module's own names.
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             module = importlib.import_module(info.name)
             for name, value in vars(module).items():
                 if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__:

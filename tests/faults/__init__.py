@@ -31,7 +31,7 @@ WORKER_CODE = "from tests.faults import worker_main; worker_main()"
 def worker_main() -> None:
     """Deliver until nothing is due for a while (``WORKER_RUN_SECONDS`` at most), then print the stats."""
     from prefect_webhooks.blocks import WebhookDestination
-    from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
+    from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
     from prefect_webhooks.settings import get_settings
 
     destinations = json.loads(os.environ["WORKER_DESTINATIONS"])
@@ -45,8 +45,8 @@ def worker_main() -> None:
             for name, urls in destinations.items():
                 if urls:
                     context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url} for url in urls]))
-            stats = await deliver_due(context=context, run_for_seconds=run_seconds, until_empty=until_empty,
-                                      idle_sleep=0.1)
+            options = DeliveryOptions(run_for_seconds=run_seconds, until_empty=until_empty, idle_sleep=0.1)
+            stats = await deliver_due(options, context=context)
             return {"owner": context.owner, **stats.summary()}
 
     print(json.dumps(asyncio.run(run())), flush=True)

@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 
 from prefect_webhooks.blocks import WebhookDestination
 from prefect_webhooks.circuit import CIRCUIT_OPEN_ERROR
-from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, enqueue
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store import PENDING, dispose_engines, get_engine
@@ -62,7 +62,7 @@ async def deliver_until_settled(blocks: dict[str, str], timeout: float = 45.0, *
         for name, url in blocks.items():
             context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url}]))
         while time.monotonic() < deadline:
-            await deliver_due(context=context, **kwargs)
+            await deliver_due(DeliveryOptions(**kwargs), context=context)
             try:
                 if await asyncio.to_thread(pending_count) == 0:
                     return

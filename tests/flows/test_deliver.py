@@ -123,8 +123,8 @@ async def test_prefect_task_retries_redeliver_within_the_run(settings_env: Any) 
     (row,) = outbox()
     assert row.state == DELIVERED and row.attempts == 3
     runs = await task_runs_of(state.state_details.flow_run_id, 1)
-    assert [(run.name.split("-")[0], run.run_count, run.state.type.value) for run in runs] == [
-        ("deliver_batch", 3, "COMPLETED")]
+    assert [(run.name.rsplit("-", 1)[0], run.run_count, run.state.type.value) for run in runs] == [
+        ("deliver-batch", 3, "COMPLETED")]
     # The wait between tries follows the backoff (0.2 s then 0.4 s); Prefect's jitter (factor 0.2) draws from
     # about 0.36x to 1.2x of each.
     gaps = [b.at - a.at for a, b in zip(receiver.requests, receiver.requests[1:], strict=False)]
@@ -237,14 +237,14 @@ async def test_continuous_mode_keeps_delivering(settings_env: Any) -> None:
 DELIVER_SCRIPT = """
 import asyncio, sys
 from prefect_webhooks.blocks import WebhookDestination
-from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.store import get_engine
 
 async def main() -> None:
     async with Sender() as sender:
         context = DeliveryContext(get_engine(), sender)
         context.destinations.remember("crm", WebhookDestination(endpoints=[{"url": sys.argv[1]}]))
-        stats = await deliver_due(context=context, batch_size=50)
+        stats = await deliver_due(DeliveryOptions(batch_size=50), context=context)
         print("delivered", stats.delivered, flush=True)
 
 asyncio.run(main())

@@ -1,0 +1,28 @@
+"""The delivery engine: claimed outbox rows → signed HTTP requests → outcomes → attempt records.
+
+Read in this order:
+
+- ``claims``: ``deliver_due``, the claim loop, with its ``DeliveryOptions`` (and a delivery worker's ``Shift``).
+- ``batch``: one try of a claimed batch: send every message to every URL of its destination, decide, record.
+- ``task``: the same try as the Prefect task ``deliver-batch``, whose retries (from settings) resend what is left.
+- ``decision``: what becomes of one message after its requests: delivered, retried when, or failed and why.
+- ``sender``: the process's one aiohttp session (keep-alive, at most ``delivery_concurrency`` in flight).
+- ``context``: what the batches of a process share, and store calls that ride out a store restart.
+- ``stats``: what a run did, per endpoint (the ``deliver`` flow's artifacts).
+"""
+
+from prefect_webhooks.delivery.claims import DeliveryOptions, Shift, current_shift, deliver_due
+from prefect_webhooks.delivery.context import DeliveryContext
+from prefect_webhooks.delivery.sender import Sender
+from prefect_webhooks.delivery.stats import DeliveryStats, EndpointStats
+
+__all__ = [
+    "DeliveryContext",
+    "DeliveryOptions",
+    "DeliveryStats",
+    "EndpointStats",
+    "Sender",
+    "Shift",
+    "current_shift",
+    "deliver_due",
+]

@@ -1,0 +1,186 @@
+"""One try of a claimed batch: resolve destinations, drop filtered messages, send, decide, record, emit events.
+
+While the batch sends, its leases are renewed, so no other run claims and sends the same messages meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
+from prefect_webhooks.delivery.decision import BatchWrites, decide
+from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.delivery.stats import DeliveryStats, MessageCounts
+from prefect_webhooks.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
+from prefect_webhooks.events import emit_delivery_failed
+from prefect_webhooks.filters import split_filtered
+from prefect_webhooks.message_headers import message_key_prefix
+from prefect_webhooks.outbox import Claimed, extend_leases, leased_rows, record_outcomes, release_leases
+from prefect_webhooks.outcomes import Filtered, Rescheduled
+from prefect_webhooks.retry import JITTER, deadline_of
+from prefect_webhooks.store import store_key, store_now
+
+logger = logging.getLogger("prefect_webhooks.delivery")
+
+
+@dataclass
+class BatchResult(MessageCounts):
+    """What one try of a batch did."""
+
+    held: list[int] = field(default_factory=list)
+    """Rows kept leased for an in-process retry."""
+
+
+
+
+async def _resolve_all(
+    rows: Sequence[Claimed], context: DeliveryContext, writes: BatchWrites
+) -> tuple[list[tuple[Claimed, ResolvedDestination]], list[Claimed]]:
+    """Pair rows with their destinations; unknown destinations fail, unreachable block storage defers."""
+    resolved: dict[str, ResolvedDestination | None] = {}
+    unavailable: dict[str, str] = {}
+    for name in {row.destination for row in rows}:
+        try:
+            resolved[name] = await context.destinations.get(name)
+        except DestinationNotFound:
+            resolved[name] = None
+        except InvalidDestination as exc:
+            # Saved bypassing validation (API, UI): the rows wait until the block is fixed.
+            unavailable[name] = str(exc)
+            logger.warning("%s", unavailable[name])
+        except Exception as exc:
+            # Prefect API briefly unreachable: try these rows again later, not a reason to fail them.
+            unavailable[name] = f"destination block {name!r} could not be loaded: {type(exc).__name__}"
+            logger.warning("%s", unavailable[name])
+    ready, deferred = [], []
+    for row in rows:
+        if row.destination in unavailable:
+            deferred.append(row)
+            continue
+        destination = resolved[row.destination]
+        if destination is None:
+            writes.fail(row, f"permanent: destination block {row.destination!r} not found", row.attempts,
+                        row.first_attempt_at)
+        else:
+            ready.append((row, destination))
+    return ready, deferred
+
+
+def _drop_filtered(
+    ready: list[tuple[Claimed, ResolvedDestination]], writes: BatchWrites, stats: DeliveryStats
+) -> list[tuple[Claimed, ResolvedDestination]]:
+    """Take out the messages a destination filter drops: they end ``filtered`` with the rule as reason, unsent."""
+    send, dropped = split_filtered(ready, lambda item: item[0].body, lambda item: item[1].filters)
+    for (row, destination), reason in dropped:
+        writes.records.filtered.append(Filtered(row.id, reason))
+        key = (destination.name, reason)
+        stats.filtered_by_rule[key] = stats.filtered_by_rule.get(key, 0) + 1
+    return send
+
+
+def _log_timeouts(results_by_row: Sequence[Sequence[RequestResult]], log: Any) -> None:
+    timeouts: dict[str, int] = {}
+    for results in results_by_row:
+        for result in results:
+            if result.error and result.error.startswith("timeout"):
+                timeouts[result.url] = timeouts.get(result.url, 0) + 1
+    for url, count in timeouts.items():
+        log.error("%d request(s) to %s timed out; they will be retried", count, display_url(url))
+
+
+async def process_batch(
+    batch: ClaimedBatch,
+    context: DeliveryContext,
+    *,
+    first_try: bool = True,
+    hold_seconds: float | None = None,
+    log: Any = None,
+) -> BatchResult:
+    """Deliver one claimed batch once: send, decide, record, emit events for messages that failed for good.
+
+    Args:
+        batch: Rows this process claimed.
+        context: The process's sender, store and destination cache.
+        first_try: False on a task retry: the rows are read again and only those still pending, still leased by
+            this process and due are sent (the others are released to the outbox).
+        hold_seconds: When an in-process retry follows after about this many seconds, retryable rows stay leased
+            for it; None means retryable rows go back to the outbox at their backoff time.
+        log: Logger to use (the task run's); the module logger by default.
+
+    Returns:
+        Counts, and the ids held for the in-process retry.
+    """
+    log = log or logger
+    settings, engine = context.settings, context.engine
+    rows = batch.rows
+    if not first_try:
+        rows = await store_call(settings, leased_rows, engine, batch.ids, context.owner)
+    now = store_now()
+    writes = BatchWrites()
+    due = []
+    for row in rows:
+        if row.next_attempt_at > now:
+            continue
+        if row.first_attempt_at is not None and now >= deadline_of(row.first_attempt_at, settings):
+            writes.fail(row, f"expired: {row.reason or 'not delivered'} (after {row.attempts} attempts)",
+                        row.attempts, row.first_attempt_at)
+        else:
+            due.append(row)
+    not_due = [row.id for row in rows if row.next_attempt_at > now]
+    if not_due:
+        # A Retry-After longer than the task's wait: the outbox delivers these when they are due.
+        await store_call(settings, release_leases, engine, not_due, context.owner)
+
+    ready, deferred = await _resolve_all(due, context, writes)
+    if any(destination.filters is not None for _, destination in ready):
+        ready = _drop_filtered(ready, writes, context.stats)
+    if context.key_prefix is None:
+        context.key_prefix = message_key_prefix(await store_call(settings, store_key, engine))
+    prefix = context.key_prefix
+    # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
+    # minutes): its leases are renewed while it sends, so no other run claims and sends them again meanwhile.
+    keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in ready]))
+    try:
+        results_by_row = await context.sender.send_all([(destination, row.body, f"{prefix}{row.id}")
+                                                        for row, destination in ready])
+    finally:
+        keeper.cancel()
+    finished = store_now()
+    hold_until = None
+    if hold_seconds is not None:
+        hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.lease_seconds)
+    for (row, destination), results in zip(ready, results_by_row, strict=True):
+        decide(row, results, writes, now=finished, hold_until=hold_until, owner=context.owner, settings=settings,
+               sent_at=now)
+        context.stats.add_requests(destination.name, results)
+    for row in deferred:
+        writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
+                                                      finished + timedelta(seconds=settings.retry_base_delay)))
+    await store_call(settings, record_outcomes, engine, writes.records)
+    _log_timeouts(results_by_row, log)
+    for row, reason, attempts in writes.failures:
+        emit_delivery_failed(row.id, row.destination, reason, attempts)
+    records = writes.records
+    result = BatchResult(delivered=len(records.delivered), failed=len(records.failed),
+                         rescheduled=len(records.rescheduled) - len(writes.held), filtered=len(records.filtered),
+                         held=writes.held)
+    context.stats.add(result)
+    return result
+
+
+async def _keep_leases(context: DeliveryContext, ids: list[int]) -> None:
+    """Renew this process's lease on ``ids`` every third of the lease until cancelled."""
+    lease = context.settings.lease_seconds
+    while ids:
+        await asyncio.sleep(lease / 3)
+        try:
+            await store_call(context.settings, extend_leases, context.engine, ids, context.owner,
+                             store_now() + timedelta(seconds=lease))
+        except Exception as exc:
+            # The lease runs out as it would have without renewal: at worst a message is sent twice.
+            logger.warning("renewing the leases of a batch in flight failed: %s", type(exc).__name__)

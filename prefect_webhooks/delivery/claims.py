@@ -1,0 +1,201 @@
+"""The claim loop: claim due messages batch after batch and keep a few batches in flight until done.
+
+``deliver_due`` is what the ``deliver`` flow, the delivery worker and the benchmarks run; ``DeliveryOptions`` says
+which messages, how many at a time and for how long, and whether each batch is a Prefect task run. In a delivery
+worker each run is a ``Shift`` that hands over to the next without a pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from prefect_webhooks.delivery.batch import process_batch
+from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_store_unavailable, store_call
+from prefect_webhooks.delivery.sender import Sender, display_url
+from prefect_webhooks.delivery.stats import DeliveryStats
+from prefect_webhooks.delivery.task import delivery_task
+from prefect_webhooks.destinations import DestinationCache
+from prefect_webhooks.outbox import bring_forward, claim_due_deliveries
+from prefect_webhooks.retry import RetryableDeliveryError
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store import get_engine
+
+logger = logging.getLogger("prefect_webhooks.delivery")
+
+
+@dataclass(frozen=True)
+class DeliveryOptions:
+    """What one ``deliver_due`` call delivers, and how.
+
+    Attributes:
+        destination: Only this destination block's messages; all when None.
+        batch_size: Messages per claim; ``settings.claim_batch_size`` by default.
+        max_batches: Stop after claiming this many batches.
+        run_for_seconds: Keep going this long (continuous mode); None means stop as soon as nothing is due and no
+            batch is in flight.
+        until_empty: In continuous mode, stop early once nothing is due and no batch is in flight.
+        parallel_batches: Batches in flight at once (they share one HTTP session and its concurrency limit).
+        idle_sleep: Continuous mode: seconds from a claim that was not full (or found nothing) to the next claim.
+        prefect_tasks: Run each batch as a Prefect task run (``deliver-batch``) whose retries resend what is left
+            within the run; otherwise one plain try, and retryable messages wait in the outbox for their backoff.
+    """
+
+    destination: str | None = None
+    batch_size: int | None = None
+    max_batches: int | None = None
+    run_for_seconds: float | None = None
+    until_empty: bool = False
+    parallel_batches: int = 2
+    idle_sleep: float = 0.3
+    prefect_tasks: bool = False
+
+
+@dataclass(eq=False)
+class Shift:
+    """A run's turn in a delivery worker: the worker's open sender and destination cache, and the handover.
+
+    A delivery worker (``prefect_webhooks.delivery_worker``) runs the ``deliver`` flow back to back in one process;
+    each run is a shift. The run's claim loop sets ``claiming`` once it has made its first claim, so the worker
+    knows the successor is delivering; the worker then sets the predecessor's ``handed_over``, and that run stops
+    claiming, finishes the batches it holds and ends. The two overlap by at least one claim: delivery never pauses.
+    """
+
+    sender: Sender
+    destinations: DestinationCache
+    claiming: asyncio.Event = field(default_factory=asyncio.Event)
+    handed_over: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+current_shift: contextvars.ContextVar[Shift | None] = contextvars.ContextVar("prefect_webhooks_shift", default=None)
+"""The shift of the run executing in this context (set by the delivery worker; None elsewhere)."""
+
+
+async def deliver_due(
+    options: DeliveryOptions | None = None,
+    *,
+    engine: Engine | None = None,
+    context: DeliveryContext | None = None,
+) -> DeliveryStats:
+    """Claim due messages batch after batch and deliver them until nothing is due (or for a while).
+
+    Args:
+        options: What to deliver and how; ``DeliveryOptions()`` (everything due, plain tries) by default.
+        engine: The store; the configured one by default.
+        context: A prepared context (its sender must be open); in a delivery worker the shift's, else one is made
+            for the call.
+
+    Returns:
+        What the run did, with per-endpoint request stats.
+    """
+    options = options or DeliveryOptions()
+    shift = current_shift.get()
+    if context is None and shift is not None:
+        # In a delivery worker: the worker's warm session, circuit breakers and destination cache.
+        context = DeliveryContext(engine or get_engine(), shift.sender, destinations=shift.destinations,
+                                  settings=shift.sender.settings)
+    if context is not None:
+        return await _claim_loop(context, options)
+    settings = get_settings()
+    async with Sender(settings) as sender:
+        return await _claim_loop(DeliveryContext(engine or get_engine(), sender, settings=settings), options)
+
+
+async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> DeliveryStats:
+    run_batch = delivery_task(context.settings) if options.prefect_tasks else process_batch
+    idle_sleep, parallel_batches, max_batches = options.idle_sleep, options.parallel_batches, options.max_batches
+    size = options.batch_size or context.settings.claim_batch_size
+    stop_at = time.monotonic() + options.run_for_seconds if options.run_for_seconds is not None else None
+    # Continuous mode: after a claim that was not full (no backlog) the next one waits ``idle_sleep``, so it finds
+    # more. Each batch is a Prefect task run, which costs the Prefect server ~10-25 ms of CPU whatever its size:
+    # this keeps task runs to a few per second at any rate, their batches growing with the rate.
+    spacing = idle_sleep if stop_at is not None else 0.0
+    # Only a run that keeps delivering brings messages forward for a circuit's probe or recovery: in a run that ends
+    # once nothing is due, each probe would make one more message due, and a hanging endpoint would keep it going.
+    follow_circuits = stop_at is not None and not options.until_empty
+    shift = current_shift.get()
+    in_flight: set[asyncio.Task[Any]] = set()
+    claimed_batches = 0
+    next_claim_at = 0.0
+    exhausted = False
+    while True:
+        out_of_time = (stop_at is not None and time.monotonic() >= stop_at) or (
+            shift is not None and shift.handed_over.is_set())
+        out_of_batches = max_batches is not None and claimed_batches >= max_batches
+        exhausted = False
+        if follow_circuits:
+            await _follow_circuits(context)
+        while (not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1)
+               and time.monotonic() >= next_claim_at):
+            try:
+                rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
+                                        options.destination, lease_seconds=context.settings.lease_seconds)
+            except Exception as exc:
+                if stop_at is None or not is_store_unavailable(exc):
+                    raise
+                # Continuous mode outlives a store outage: claim again after a pause.
+                logger.error("claiming failed, store unavailable: %s", type(exc).__name__)
+                next_claim_at = time.monotonic() + max(idle_sleep, 1.0)
+                break
+            if shift is not None:
+                shift.claiming.set()
+            if not rows:
+                exhausted = True
+                next_claim_at = time.monotonic() + spacing
+                break
+            claimed_batches += 1
+            context.stats.batches += 1
+            in_flight.add(asyncio.ensure_future(run_batch(ClaimedBatch(rows), context)))
+            out_of_batches = max_batches is not None and claimed_batches >= max_batches
+            if len(rows) < size:
+                next_claim_at = time.monotonic() + spacing
+        if not in_flight:
+            if out_of_time or out_of_batches or (exhausted and (stop_at is None or options.until_empty)):
+                break
+            await _idle(max(next_claim_at - time.monotonic(), 0.0) if next_claim_at else idle_sleep, shift)
+            continue
+        wait = next_claim_at - time.monotonic()
+        timeout = wait if wait > 0 else (idle_sleep if exhausted else None)
+        done, in_flight = await asyncio.wait(in_flight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for finished in done:
+            _log_batch_failure(finished)
+    return context.stats
+
+
+async def _idle(seconds: float, shift: Shift | None) -> None:
+    """Sleep between claims; a handover ends the sleep at once."""
+    if shift is None:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+        await asyncio.wait_for(shift.handed_over.wait(), seconds)
+
+
+async def _follow_circuits(context: DeliveryContext) -> None:
+    """Bring waiting messages forward for endpoints whose circuit is due a probe (one) or recovered (all)."""
+    guard = context.sender.guard
+    for url, limit in [*((url, 1) for url in guard.take_due_probes()), *((url, None) for url in
+                                                                          guard.take_recovered())]:
+        names = context.destinations.names_for_url(url)
+        try:
+            moved = await store_call(context.settings, bring_forward, context.engine, names, limit=limit)
+        except Exception as exc:
+            # Only a shortcut: the messages are still due at their backoff time.
+            logger.warning("bringing messages forward for %s failed: %s", display_url(url), type(exc).__name__)
+            continue
+        if moved and limit is None:
+            logger.info("%s answers again: %d waiting message(s) are due now", display_url(url), moved)
+
+
+def _log_batch_failure(finished: asyncio.Task[Any]) -> None:
+    exc = finished.exception()
+    if exc is not None and not isinstance(exc, RetryableDeliveryError):
+        # The batch's rows stay leased and come back when the lease expires; nothing is lost.
+        logger.error("delivery batch failed: %s: %s", type(exc).__name__, exc)

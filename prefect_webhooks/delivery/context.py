@@ -1,0 +1,98 @@
+"""What the batches of one delivering process share, and how they reach the store.
+
+``store_call`` runs a blocking store call in a thread and rides out a short store outage (a database restart), so
+requests already sent are recorded instead of sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+from prefect_webhooks.delivery.sender import Sender
+from prefect_webhooks.delivery.stats import DeliveryStats
+from prefect_webhooks.destinations import DestinationCache
+from prefect_webhooks.outbox import Claimed
+from prefect_webhooks.settings import WebhooksSettings, get_settings
+
+logger = logging.getLogger("prefect_webhooks.delivery")
+
+
+class ClaimedBatch:
+    """Rows claimed together; a plain object so Prefect passes it to the task without walking 500 bodies."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[Claimed]) -> None:
+        self.rows = rows
+
+    @property
+    def ids(self) -> list[int]:
+        """The outbox ids of the batch."""
+        return [row.id for row in self.rows]
+
+    def __repr__(self) -> str:
+        return f"ClaimedBatch({len(self.rows)} messages)"
+
+
+class DeliveryContext:
+    """Everything batches of one delivering process share."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sender: Sender,
+        *,
+        owner: str | None = None,
+        destinations: DestinationCache | None = None,
+        settings: WebhooksSettings | None = None,
+    ) -> None:
+        self.engine = engine
+        self.sender = sender
+        self.owner = owner or new_owner()
+        self.destinations = destinations or DestinationCache()
+        self.settings = settings or get_settings()
+        self.stats = DeliveryStats()
+        self.key_prefix: str | None = None
+        """``msg_<store key>_``: message ids are this plus the outbox id (read from the store once)."""
+
+    def __repr__(self) -> str:
+        return f"DeliveryContext(owner={self.owner!r})"
+
+def new_owner() -> str:
+    """A lease owner id unique to this process and run."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def is_store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store could not be reached (restarting, connection lost, locked) — worth a retry."""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+async def store_call(settings: WebhooksSettings, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a blocking store call in a thread, retrying it while the store is unreachable.
+
+    A restart of the database must not cost a batch whose requests were already sent (that would mean sending
+    them again after the lease expires), so the call is retried with a growing pause for up to
+    ``store_retry_seconds``; after that the error propagates and the rows wait for their lease to expire.
+    """
+    give_up_at = time.monotonic() + settings.store_retry_seconds
+    pause = 0.2
+    while True:
+        try:
+            return await asyncio.to_thread(function, *args, **kwargs)
+        except Exception as exc:
+            if not is_store_unavailable(exc) or time.monotonic() + pause > give_up_at:
+                raise
+            logger.warning("store unavailable (%s); retrying in %.1f s", type(exc).__name__, pause)

@@ -27,15 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pandas as pd
 from prefect import flow, task
 from prefect.artifacts import acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from prefect_webhooks.ingest import IngestResult, Rejection, ingest_batch
+from prefect_webhooks.runtime import lazy_module
 from prefect_webhooks.sources import SourceInfo, aread_source
 from prefect_webhooks.sync_flows import sync_compatible
+
+pd = lazy_module("pandas")
 
 JSON_COLUMNS = ("properties", "traits", "context", "integrations")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import pandas as pd
 from sqlalchemy.engine import Connection
 
+from prefect_webhooks.runtime import lazy_module
 from prefect_webhooks.snapshots import canonical_text
 from prefect_webhooks.store import AudienceState
+
+np = lazy_module("numpy")
+pd = lazy_module("pandas")
 
 STATE = AudienceState.__table__
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import orjson
-import pandas as pd
 from pydantic import BaseModel
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection, Engine
@@ -56,6 +56,9 @@ from prefect_webhooks.payloads import identify_payload
 from prefect_webhooks.snapshots import SnapshotError, load_snapshot, reading_for, validate_snapshot
 from prefect_webhooks.store import AudienceState, SuppressedUser, get_engine, to_store_time
 from prefect_webhooks.timestamps import utcnow
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STATE = AudienceState.__table__
 SUPPRESSED = SuppressedUser.__table__

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
+import sys
+from types import ModuleType
 
 
 def tune_gc_for_serving() -> None:
@@ -17,3 +20,23 @@ def tune_gc_for_serving() -> None:
     """
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
+
+
+def lazy_module(name: str) -> ModuleType:
+    """``name``, imported on first use of one of its attributes (the standard library's ``LazyLoader`` recipe).
+
+    pandas and numpy take a second of CPU to import and only the audience syncs and the ingest flow use them; the
+    flows package imports every flow, so without this the delivery worker would pay that second at every start,
+    before its first claim.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module

@@ -23,11 +23,14 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-import numpy as np
 import orjson
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from sqlalchemy import create_engine
+
+from prefect_webhooks.runtime import lazy_module
+
+np = lazy_module("numpy")
+pd = lazy_module("pandas")
 
 ValueType = Literal["boolean", "number", "string"]
 Reading = Literal["typed", "text", "sql"]
@@ -72,7 +75,7 @@ class CallableSnapshot(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     kind: Literal["callable"] = "callable"
-    function: str | Callable[[], pd.DataFrame] = Field(
+    function: str | Callable[[], Any] = Field(
         description="Import path 'package.module:function', or the callable itself."
     )
 

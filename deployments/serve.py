@@ -73,12 +73,13 @@ class AudienceSchedule(BaseModel):
 
 def audiences_path(settings: WebhooksSettings) -> Path:
     """Where the audiences file is read from."""
-    return Path(settings.audiences_file) if settings.audiences_file else settings.home / "audiences.yaml"
+    configured = settings.serve.audiences_file
+    return Path(configured) if configured else settings.store.home / "audiences.yaml"
 
 
 def deployments_path(settings: WebhooksSettings) -> Path:
     """The prefect.yaml whose deployments are served: the setting's, or the one shipped with the package."""
-    return Path(settings.deployments_file) if settings.deployments_file else DEFINITION_FILE
+    return Path(settings.serve.deployments_file) if settings.serve.deployments_file else DEFINITION_FILE
 
 
 def load_audience_schedules(path: Path) -> list[AudienceSchedule]:

@@ -57,7 +57,7 @@ class BatchWriter:
         purge_every_seconds: float = 600.0,
     ) -> None:
         self.engine = engine
-        self.max_pending = max_pending if max_pending is not None else get_settings().ingest_max_pending
+        self.max_pending = max_pending if max_pending is not None else get_settings().ingest.ingest_max_pending
         self.max_group_messages = max_group_messages
         self.purge_every_seconds = purge_every_seconds
         self._waiting: list[_Item] = []

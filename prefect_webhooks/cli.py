@@ -83,8 +83,8 @@ def ingest(
         tune_gc_for_serving()
     uvicorn.run(
         app_or_factory,
-        host=host or settings.ingest_host,
-        port=port or settings.ingest_port,
+        host=host or settings.ingest.ingest_host,
+        port=port or settings.ingest.ingest_port,
         log_level=log_level.value,
         access_log=access_log,
         # Clients (SDKs) keep connections open between flushes.

@@ -250,7 +250,7 @@ class DeliveryWorker:
         tasks = [task for _shift, task in self.runs.values()]
         if tasks:
             # A batch in flight needs at most one request timeout, its record and the run's artifacts.
-            grace = grace if grace is not None else self.settings.request_timeout * 2 + 10
+            grace = grace if grace is not None else self.settings.delivery.request_timeout * 2 + 10
             _done, late = await asyncio.wait(tasks, timeout=grace)
             for task in late:
                 task.cancel()

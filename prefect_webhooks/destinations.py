@@ -78,7 +78,7 @@ class DestinationCache:
     """Loads destination blocks by name and keeps each for ``ttl`` seconds."""
 
     def __init__(self, ttl: float | None = None) -> None:
-        self.ttl = get_settings().block_cache_seconds if ttl is None else ttl
+        self.ttl = get_settings().delivery.block_cache_seconds if ttl is None else ttl
         self._entries: dict[str, tuple[float, ResolvedDestination]] = {}
 
     async def get(self, name: str) -> ResolvedDestination:

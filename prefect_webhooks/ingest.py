@@ -307,7 +307,9 @@ def commit_batches(
     ``dedupe_window_seconds`` setting) before the batch's receipt is a duplicate; so is a repeat inside these
     batches. Calls about a user suppressed for the source (or for ``*``) are dropped and counted.
     """
-    window = timedelta(seconds=window_seconds if window_seconds is not None else get_settings().dedupe_window_seconds)
+    if window_seconds is None:
+        window_seconds = get_settings().ingest.dedupe_window_seconds
+    window = timedelta(seconds=window_seconds)
     by_source: dict[str, list[int]] = {}
     for position, batch in enumerate(batches):
         by_source.setdefault(batch.source.name, []).append(position)
@@ -342,6 +344,6 @@ def ingest_batch(
 
 def purge_seen(connection: Connection, *, window_seconds: float | None = None) -> int:
     """Forget messageIds older than the dedupe window; returns how many."""
-    window = window_seconds if window_seconds is not None else get_settings().dedupe_window_seconds
+    window = window_seconds if window_seconds is not None else get_settings().ingest.dedupe_window_seconds
     cutoff = store_now() - timedelta(seconds=window)
     return connection.execute(delete(_SEEN).where(_SEEN.c.received_at < cutoff)).rowcount or 0

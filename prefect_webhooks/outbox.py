@@ -150,13 +150,13 @@ def claim_due_deliveries(
         limit: Most rows to claim.
         owner: The claimer's id, written to ``lease_owner``.
         destination: Only rows for this destination block name; all destinations when None.
-        lease_seconds: Lease length; ``settings.lease_seconds`` by default.
+        lease_seconds: Lease length; ``settings.delivery.lease_seconds`` by default.
 
     Returns:
         The claimed rows (any order).
     """
     now = store_now()
-    lease = lease_seconds if lease_seconds is not None else get_settings().lease_seconds
+    lease = lease_seconds if lease_seconds is not None else get_settings().delivery.lease_seconds
     due = (
         select(OUTBOX.c.id)
         .where(

@@ -137,13 +137,14 @@ def retry_delay(attempt_number: int, settings: WebhooksSettings | None = None) -
         The delay in seconds.
     """
     settings = settings or get_settings()
-    return backoff_delay(attempt_number, settings.retry_base_delay, settings.retry_max_delay, DELIVERY_JITTER)
+    delivery = settings.delivery
+    return backoff_delay(attempt_number, delivery.retry_base_delay, delivery.retry_max_delay, DELIVERY_JITTER)
 
 
 def deadline_of(first_attempt_at: datetime, settings: WebhooksSettings | None = None) -> datetime:
     """The last moment a message whose first attempt was at ``first_attempt_at`` may be attempted."""
     settings = settings or get_settings()
-    return first_attempt_at + timedelta(seconds=settings.max_retry_age)
+    return first_attempt_at + timedelta(seconds=settings.delivery.max_retry_age)
 
 
 def next_attempt_at(

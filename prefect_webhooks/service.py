@@ -336,8 +336,8 @@ def serve(
     """Run the ingest API, the delivery workers and the served deployments until SIGTERM/SIGINT or until one dies.
 
     Args:
-        host: Address for the ingest API; ``settings.ingest_host`` by default.
-        port: Port for the ingest API; ``settings.ingest_port`` by default.
+        host: Address for the ingest API; ``settings.ingest.ingest_host`` by default.
+        port: Port for the ingest API; ``settings.ingest.ingest_port`` by default.
         limit: Most flow runs the runner executes at once (None: Prefect's default).
         grace_seconds: How long each child gets to stop before its process group is killed.
         ingest_workers: Ingest API processes sharing the port (more than one is for PostgreSQL: on SQLite they
@@ -351,8 +351,8 @@ def serve(
     from prefect_webhooks.settings import get_settings
 
     settings = get_settings()
-    host = host or settings.ingest_host
-    port = port or settings.ingest_port
+    host = host or settings.ingest.ingest_host
+    port = port or settings.ingest.ingest_port
     stop = threading.Event()
     _install_stop_handlers(stop)
     # The API and the delivery workers start together: what is already due is delivered while the API starts.

@@ -1,26 +1,45 @@
-"""Settings read from the environment (prefix ``PREFECT_WEBHOOKS_``)."""
+"""Settings read from the environment (prefix ``PREFECT_WEBHOOKS_``), grouped by concern.
+
+``get_settings().delivery.request_timeout`` is ``PREFECT_WEBHOOKS_REQUEST_TIMEOUT``: each group reads the same
+environment variables as before the grouping, so a deployment's configuration does not change.
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_HOME = Path.home() / ".prefect-webhooks"
 
 
-class WebhooksSettings(BaseSettings):
-    """Every knob of prefect-webhooks; each field maps to ``PREFECT_WEBHOOKS_<NAME>``."""
+class _SettingsGroup(BaseSettings):
+    """One group of settings; each field maps to ``PREFECT_WEBHOOKS_<NAME>``."""
 
     model_config = SettingsConfigDict(env_prefix="PREFECT_WEBHOOKS_", extra="ignore")
+
+
+class StoreSettings(_SettingsGroup):
+    """The store: where messages are kept."""
 
     home: Path = Field(default=DEFAULT_HOME, description="Folder for the embedded SQLite store and run files.")
     database_url: str = Field(
         default="",
         description="SQLAlchemy URL of the store; empty means a SQLite file in `home`.",
     )
+
+    def resolved_database_url(self) -> str:
+        """The store URL, defaulting to a SQLite file under ``home``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home / 'webhooks.db'}"
+
+
+class DeliverySettings(_SettingsGroup):
+    """Delivery from the outbox to webhook endpoints: requests, retries, claims, circuits."""
+
     request_timeout: float = Field(default=5.0, gt=0, description="Seconds an endpoint has to answer.")
     max_retry_age: float = Field(
         default=4 * 3600.0,
@@ -74,12 +93,16 @@ class WebhooksSettings(BaseSettings):
     block_cache_seconds: float = Field(
         default=10.0, ge=0, description="How long a loaded block is reused before it is read again."
     )
+    block_private_networks: bool = Field(
+        default=False, description="Refuse destination URLs on loopback or private networks (SSRF guard)."
+    )
+
+
+class IngestSettings(_SettingsGroup):
+    """The ingest API: where it listens, how much it buffers, how it deduplicates."""
+
     ingest_host: str = Field(default="127.0.0.1", description="Address the ingest API listens on.")
     ingest_port: int = Field(default=8088, description="Port the ingest API listens on.")
-    endpoint: str = Field(
-        default="",
-        description="Ingest API base URL the Analytics client sends to; empty means http://ingest_host:ingest_port.",
-    )
     ingest_max_pending: int = Field(
         default=50_000,
         gt=0,
@@ -96,9 +119,20 @@ class WebhooksSettings(BaseSettings):
     dedupe_window_seconds: float = Field(
         default=24 * 3600.0, gt=0, description="How long a messageId is remembered per source."
     )
-    block_private_networks: bool = Field(
-        default=False, description="Refuse destination URLs on loopback or private networks (SSRF guard)."
+
+
+class ClientSettings(_SettingsGroup):
+    """The Analytics client."""
+
+    endpoint: str = Field(
+        default="",
+        description="Ingest API base URL the Analytics client sends to; empty means http://ingest_host:ingest_port.",
     )
+
+
+class ServeSettings(_SettingsGroup):
+    """What `prefect-webhooks serve` serves."""
+
     deployments_file: str = Field(
         default="",
         description=(
@@ -111,15 +145,19 @@ class WebhooksSettings(BaseSettings):
         description="YAML list of audience syncs to serve (name, cron, parameters); empty: `home`/audiences.yaml.",
     )
 
-    def resolved_database_url(self) -> str:
-        """The store URL, defaulting to a SQLite file under ``home``."""
-        if self.database_url:
-            return self.database_url
-        return f"sqlite:///{self.home / 'webhooks.db'}"
+
+class WebhooksSettings(BaseModel):
+    """Every knob of prefect-webhooks, by concern; each group reads its own ``PREFECT_WEBHOOKS_*`` variables."""
+
+    store: StoreSettings = Field(default_factory=StoreSettings, description="The store.")
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings, description="Delivery to endpoints.")
+    ingest: IngestSettings = Field(default_factory=IngestSettings, description="The ingest API.")
+    client: ClientSettings = Field(default_factory=ClientSettings, description="The Analytics client.")
+    serve: ServeSettings = Field(default_factory=ServeSettings, description="What `serve` serves.")
 
     def resolved_endpoint(self) -> str:
         """The ingest API base URL clients send to."""
-        return self.endpoint or f"http://{self.ingest_host}:{self.ingest_port}"
+        return self.client.endpoint or f"http://{self.ingest.ingest_host}:{self.ingest.ingest_port}"
 
 
 @lru_cache(maxsize=1)

@@ -224,9 +224,9 @@ class SourceRegistry:
     def __post_init__(self) -> None:
         settings = get_settings()
         if self.cache_seconds is None:
-            self.cache_seconds = settings.block_cache_seconds
+            self.cache_seconds = settings.delivery.block_cache_seconds
         if self.unknown_key_refresh_seconds is None:
-            self.unknown_key_refresh_seconds = settings.unknown_key_refresh_seconds
+            self.unknown_key_refresh_seconds = settings.ingest.unknown_key_refresh_seconds
 
     def load(self, entries: Iterable[tuple[str, SourceInfo]]) -> list[DuplicateWriteKeyError]:
         """Replace the cache with ``entries``; returns (and logs) the duplicate-key errors found."""

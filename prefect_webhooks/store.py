@@ -184,7 +184,7 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 def get_engine(url: str | None = None) -> Engine:
     """The engine for ``url`` (default: the configured store), created once per process."""
-    url = url or get_settings().resolved_database_url()
+    url = url or get_settings().store.resolved_database_url()
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:

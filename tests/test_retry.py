@@ -19,10 +19,16 @@ from prefect_webhooks.retry import (
     retry_after_seconds,
     retry_delay,
 )
-from prefect_webhooks.settings import WebhooksSettings
+from prefect_webhooks.settings import DeliverySettings, WebhooksSettings
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
-SETTINGS = WebhooksSettings(retry_base_delay=5, retry_max_delay=1800, max_retry_age=4 * 3600, task_retries=3)
+SETTINGS = WebhooksSettings(
+    delivery=DeliverySettings(retry_base_delay=5, retry_max_delay=1800, max_retry_age=4 * 3600, task_retries=3)
+)
+
+
+def with_task_retries(retries: int) -> WebhooksSettings:
+    return WebhooksSettings(delivery=SETTINGS.delivery.model_copy(update={"task_retries": retries}))
 
 
 @pytest.mark.parametrize(
@@ -111,9 +117,9 @@ def test_task_retry_delays_are_the_start_of_the_schedule() -> None:
     from prefect_webhooks.delivery.task import task_retry_delays
 
     assert task_retry_delays(SETTINGS) == [5, 10, 20]
-    assert task_retry_delays(SETTINGS.model_copy(update={"task_retries": 0})) == []
+    assert task_retry_delays(with_task_retries(0)) == []
     # Prefect's exponential_backoff, capped at retry_max_delay as the outbox's backoff is.
-    assert task_retry_delays(SETTINGS.model_copy(update={"task_retries": 12}))[-3:] == [1800, 1800, 1800]
+    assert task_retry_delays(with_task_retries(12))[-3:] == [1800, 1800, 1800]
 
 
 def test_next_attempt_is_backoff_within_the_deadline() -> None:

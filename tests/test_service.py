@@ -42,7 +42,7 @@ from prefect_webhooks.service import (
     release_dead_local_leases,
     terminate_and_wait,
 )
-from prefect_webhooks.settings import WebhooksSettings
+from prefect_webhooks.settings import ServeSettings, StoreSettings, WebhooksSettings
 from prefect_webhooks.store import DELIVERED, PENDING, OutboxMessage, get_engine, store_now
 from tests.receivers import Receiver
 from tests.servers import free_port, save_destination, save_source
@@ -128,7 +128,7 @@ def test_audience_file_entries(tmp_path: Path) -> None:
 def test_served_deployments_and_schedules(tmp_path: Path) -> None:
     audiences = tmp_path / "audiences.yaml"
     audiences.write_text(yaml.safe_dump([{"name": "vip", "cron": "0 * * * *", "parameters": {"definition": {}}}]))
-    settings = WebhooksSettings(home=tmp_path, audiences_file=str(audiences))
+    settings = WebhooksSettings(store=StoreSettings(home=tmp_path), serve=ServeSettings(audiences_file=str(audiences)))
     deployments = {(d.flow_name, d.name): d for d in build_deployments(settings)}
 
     assert set(deployments) == {
@@ -158,7 +158,7 @@ def test_an_edited_deployments_file_changes_what_is_served(tmp_path: Path) -> No
         tmp_path / "prefect.yaml",
         {DELIVER_DEPLOYMENT: {"schedules": [{"interval": 30}], "parameters": {"run_for_seconds": 25}}},
     )
-    settings = WebhooksSettings(home=tmp_path, deployments_file=str(edited))
+    settings = WebhooksSettings(store=StoreSettings(home=tmp_path), serve=ServeSettings(deployments_file=str(edited)))
     deployments = {d.name: d for d in build_deployments(settings)}
     assert deployments[DELIVER_DEPLOYMENT].parameters == {"run_for_seconds": 25}
     assert deployments[DELIVER_DEPLOYMENT].schedules[0].schedule.interval.total_seconds() == 30
@@ -179,7 +179,7 @@ def test_serve_refuses_what_it_would_not_apply(tmp_path: Path, monkeypatch: pyte
     # The settings that once set the served schedules are refused rather than ignored.
     monkeypatch.setenv("PREFECT_WEBHOOKS_DELIVER_RUN_SECONDS", "15")
     with pytest.raises(ValueError, match="PREFECT_WEBHOOKS_DEPLOYMENTS_FILE"):
-        build_deployments(WebhooksSettings(home=tmp_path))
+        build_deployments(WebhooksSettings(store=StoreSettings(home=tmp_path)))
 
 
 @contextmanager

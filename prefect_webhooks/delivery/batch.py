@@ -153,14 +153,14 @@ async def process_batch(
     finished = store_now()
     hold_until = None
     if hold_seconds is not None:
-        hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.lease_seconds)
+        hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.delivery.lease_seconds)
     for (row, destination), results in zip(ready, results_by_row, strict=True):
         decide(row, results, writes, now=finished, hold_until=hold_until, owner=context.owner, settings=settings,
                sent_at=now)
         context.stats.add_requests(destination.name, results)
     for row in deferred:
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
-                                                      finished + timedelta(seconds=settings.retry_base_delay)))
+                                                      finished + timedelta(seconds=settings.delivery.retry_base_delay)))
     await store_call(settings, record_outcomes, engine, writes.records)
     _log_timeouts(results_by_row, log)
     for row, reason, attempts in writes.failures:
@@ -175,7 +175,7 @@ async def process_batch(
 
 async def _keep_leases(context: DeliveryContext, ids: list[int]) -> None:
     """Renew this process's lease on ``ids`` every third of the lease until cancelled."""
-    lease = context.settings.lease_seconds
+    lease = context.settings.delivery.lease_seconds
     while ids:
         await asyncio.sleep(lease / 3)
         try:

@@ -37,7 +37,7 @@ class DeliveryOptions:
 
     Attributes:
         destination: Only this destination block's messages; all when None.
-        batch_size: Messages per claim; ``settings.claim_batch_size`` by default.
+        batch_size: Messages per claim; ``settings.delivery.claim_batch_size`` by default.
         max_batches: Stop after claiming this many batches.
         run_for_seconds: Keep going this long (continuous mode); None means stop as soon as nothing is due and no
             batch is in flight.
@@ -111,7 +111,7 @@ async def deliver_due(
 async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> DeliveryStats:
     run_batch = delivery_task(context.settings) if options.prefect_tasks else process_batch
     idle_sleep, parallel_batches, max_batches = options.idle_sleep, options.parallel_batches, options.max_batches
-    size = options.batch_size or context.settings.claim_batch_size
+    size = options.batch_size or context.settings.delivery.claim_batch_size
     stop_at = time.monotonic() + options.run_for_seconds if options.run_for_seconds is not None else None
     # Continuous mode: after a claim that was not full (no backlog) the next one waits ``idle_sleep``, so it finds
     # more. Each batch is a Prefect task run, which costs the Prefect server ~10-25 ms of CPU whatever its size:
@@ -136,7 +136,7 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
                and time.monotonic() >= next_claim_at):
             try:
                 rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
-                                        options.destination, lease_seconds=context.settings.lease_seconds)
+                                        options.destination, lease_seconds=context.settings.delivery.lease_seconds)
             except Exception as exc:
                 if stop_at is None or not is_store_unavailable(exc):
                     raise

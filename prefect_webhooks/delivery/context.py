@@ -87,7 +87,7 @@ async def store_call(settings: WebhooksSettings, function: Callable[..., Any], *
     them again after the lease expires), so the call is retried with a growing pause for up to
     ``store_retry_seconds``; after that the error propagates and the rows wait for their lease to expire.
     """
-    give_up_at = time.monotonic() + settings.store_retry_seconds
+    give_up_at = time.monotonic() + settings.delivery.store_retry_seconds
     pause = 0.2
     while True:
         try:

@@ -38,8 +38,8 @@ def tls_context(settings: WebhooksSettings | None = None) -> ssl.SSLContext:
     """The client TLS context: system trust store (plus ``tls_ca_file``), certificates and host names verified."""
     settings = settings or get_settings()
     context = ssl.create_default_context()
-    if settings.tls_ca_file:
-        context.load_verify_locations(cafile=settings.tls_ca_file)
+    if settings.delivery.tls_ca_file:
+        context.load_verify_locations(cafile=settings.delivery.tls_ca_file)
     return context
 
 
@@ -67,21 +67,21 @@ class Sender:
         self.settings = settings or get_settings()
         self._session: aiohttp.ClientSession | None = None
         # Queueing for a slot must not eat into an endpoint's 5 s, so the timeout starts inside the slot.
-        self._slots = asyncio.Semaphore(self.settings.delivery_concurrency)
+        self._slots = asyncio.Semaphore(self.settings.delivery.delivery_concurrency)
         self.guard = EndpointGuard(
-            threshold=self.settings.circuit_failure_threshold,
-            cooldown=self.settings.circuit_cooldown_seconds,
-            concurrency=min(self.settings.endpoint_concurrency, self.settings.delivery_concurrency),
+            threshold=self.settings.delivery.circuit_failure_threshold,
+            cooldown=self.settings.delivery.circuit_cooldown_seconds,
+            concurrency=min(self.settings.delivery.endpoint_concurrency, self.settings.delivery.delivery_concurrency),
         )
 
     async def __aenter__(self) -> Sender:
         connector = delivery_connector(
-            self.settings.block_private_networks,
-            limit=self.settings.delivery_concurrency, ssl=tls_context(self.settings), keepalive_timeout=30
+            self.settings.delivery.block_private_networks,
+            limit=self.settings.delivery.delivery_concurrency, ssl=tls_context(self.settings), keepalive_timeout=30
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
-            timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout),
+            timeout=aiohttp.ClientTimeout(total=self.settings.delivery.request_timeout),
             # Keep the wire to what the destination spec lists (no cookies echoed back to other endpoints).
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
@@ -125,7 +125,7 @@ class Sender:
                 return RequestResult(url, attempted_at, PERMANENT, error=_certificate_error(url, exc),
                                      latency_ms=_ms(started))
             except TIMEOUT_ERRORS:
-                error = f"timeout after {self.settings.request_timeout:g} s"
+                error = f"timeout after {self.settings.delivery.request_timeout:g} s"
                 return RequestResult(url, attempted_at, RETRY, error=error, latency_ms=_ms(started))
             except ValueError as exc:
                 # aiohttp refuses a malformed request (e.g. a header the block should have rejected); the message
@@ -168,7 +168,7 @@ class Sender:
                 destination, body, key = items[index]
                 results[index] = await self.send(destination, body, key)
 
-        workers = min(self.settings.delivery_concurrency, len(items))
+        workers = min(self.settings.delivery.delivery_concurrency, len(items))
         if workers:
             await asyncio.gather(*(worker() for _ in range(workers)))
         return results

@@ -23,8 +23,8 @@ from prefect_webhooks.settings import WebhooksSettings
 
 def task_retry_delays(settings: WebhooksSettings) -> list[float]:
     """The task's ``retry_delay_seconds``: ``retry_base_delay`` doubling per retry, at most ``retry_max_delay``."""
-    delays = exponential_backoff(backoff_factor=settings.retry_base_delay)(settings.task_retries)
-    return [min(delay, settings.retry_max_delay) for delay in delays]
+    delays = exponential_backoff(backoff_factor=settings.delivery.retry_base_delay)(settings.delivery.task_retries)
+    return [min(delay, settings.delivery.retry_max_delay) for delay in delays]
 
 
 @task(
@@ -56,4 +56,6 @@ async def deliver_batch(batch: ClaimedBatch, context: DeliveryContext) -> dict[s
 
 def delivery_task(settings: WebhooksSettings) -> Task[Any, Any]:
     """``deliver_batch`` with the retries of ``settings`` (the ones its runs get as ``context.settings``)."""
-    return deliver_batch.with_options(retries=settings.task_retries, retry_delay_seconds=task_retry_delays(settings))
+    return deliver_batch.with_options(
+        retries=settings.delivery.task_retries, retry_delay_seconds=task_retry_delays(settings)
+    )

@@ -17,7 +17,7 @@ from prefect_webhooks.deployments.serve import (
     audience_entry,
     build_deployments,
 )
-from prefect_webhooks.settings import WebhooksSettings
+from prefect_webhooks.settings import ServeSettings, StoreSettings, WebhooksSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "webhooks-pool"
@@ -97,7 +97,10 @@ def test_prefect_deploy_and_serve_make_the_same_deployments(prefect_harness: Non
     assert deployed_run.returncode == 0, deployed_run.stdout + deployed_run.stderr
     deployed = _deployments_on_server()
 
-    served = build_deployments(WebhooksSettings(home=tmp_path, audiences_file=str(audiences_file)))
+    settings = WebhooksSettings(
+        store=StoreSettings(home=tmp_path), serve=ServeSettings(audiences_file=str(audiences_file))
+    )
+    served = build_deployments(settings)
     for deployment in served:
         deployment.apply()
     applied = _deployments_on_server()

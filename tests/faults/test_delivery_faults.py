@@ -220,4 +220,4 @@ async def test_postgres_restarted_during_delivery(
         assert report.duplicates == 0
     else:
         # At most the batches in flight when the store went away (2 of 500) are sent again.
-        assert report.duplicates <= 2 * get_settings().claim_batch_size
+        assert report.duplicates <= 2 * get_settings().delivery.claim_batch_size

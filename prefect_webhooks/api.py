@@ -249,11 +249,16 @@ class IngestService:
             if call_type is not None and prepared.rejected:
                 rejection = prepared.rejected[0]
                 raise ApiError(400, "invalid_message", f"{rejection.field}: {rejection.reason}")
-            result = await self.writer.submit(prepared)
         except ApiError as error:
             return error_response(error)
         except EnvelopeError as error:
             return error_response(ApiError(400, error.code, error.message))
+        except Exception:
+            # A defect, not the caller's fault and not the store's: said as such rather than as "retry later".
+            logger.exception("ingest failed before the store was reached")
+            return error_response(ApiError(500, "internal_error", "the request could not be processed"))
+        try:
+            result = await self.writer.submit(prepared)
         except OverloadedError:
             return error_response(
                 ApiError(429, "overloaded", "too many calls waiting", {"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -70,11 +70,15 @@ def merge_batch_fields(
     merged = dict(raw)
     if context:
         own = merged.get("context")
-        merged["context"] = {**context, **own} if isinstance(own, dict) else (own if own is not None else context)
-        batch_nested, own_nested = context.get("integrations"), (own or {}).get("integrations")
-        if isinstance(own, dict) and isinstance(batch_nested, dict) and isinstance(own_nested, dict):
-            # context.integrations routes the call (see routing): merged key by key like the top-level object.
-            merged["context"]["integrations"] = {**batch_nested, **own_nested}
+        if isinstance(own, dict):
+            merged["context"] = {**context, **own}
+            batch_nested, own_nested = context.get("integrations"), own.get("integrations")
+            if isinstance(batch_nested, dict) and isinstance(own_nested, dict):
+                # context.integrations routes the call (see routing): merged key by key like the top-level object.
+                merged["context"]["integrations"] = {**batch_nested, **own_nested}
+        elif own is None:
+            merged["context"] = context
+        # A call's own context that is not an object stays as sent, for validation to refuse with its field name.
     if integrations:
         own = merged.get("integrations")
         merged["integrations"] = (

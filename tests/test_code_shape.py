@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -51,3 +52,16 @@ def test_no_two_places_share_a_run_of_identical_lines() -> None:
     twins = {f"{name}:{line}" for name, *methods in TWIN_SIGNATURES for line in signature_lines(name, methods)}
     repeated = {window[0]: found for window, found in places.items() if len(set(found) - twins) > 1}
     assert repeated == {}, f"runs of {REPEATED_RUN} identical lines in more than one place: {repeated}"
+
+
+def test_every_subpackage_is_in_pyprojects_package_list() -> None:
+    # The wheel is built from a hand-kept list (two folders are mapped into the namespace); a subpackage left out
+    # installs a package that fails on import. tests/test_packaging.py checks the built wheel itself.
+    # Read with a pattern: tomllib is not in Python 3.10's standard library.
+    packages = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S)
+    assert packages
+    listed = set(re.findall(r'"([\w.]+)"', packages[1]))
+    found = {".".join(("prefect_webhooks", *path.parent.relative_to(ROOT / "prefect_webhooks").parts))
+             for path in (ROOT / "prefect_webhooks").rglob("__init__.py")}
+    assert "prefect_webhooks.delivery" in found
+    assert sorted(found - listed) == []

@@ -10,6 +10,7 @@ import base64
 import os
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,15 @@ def delays(receiver: Receiver) -> list[float]:
     return [request.at - orjson.loads(request.body)["properties"]["sent"] for request in receiver.requests]
 
 
-def deliver_runs() -> list[Any]:
+def deliver_runs(since: datetime) -> list[Any]:
+    """The runs of ``deliver`` that started at or after ``since`` (the session's server holds other tests' runs)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
         return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["deliver"])),
+                                     flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)),
                                      sort=FlowRunSort.START_TIME_ASC, limit=200)
 
 
@@ -77,6 +80,7 @@ def test_delivery_does_not_pause_at_run_changeovers(prefect_harness: None, store
     deployments = write_definitions(tmp_path / "prefect.yaml", {DELIVER_DEPLOYMENT: {"schedules": [{"interval": 3}]}})
     env = {**service_env(store_url, tmp_path, deployments_file=str(deployments)), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     port = free_port()
+    test_started = datetime.now(timezone.utc)
     with Receiver() as receiver:
         save_destination("worker-dest", [receiver.url])
         save_source("worker-source", WRITE_KEYS["changeover"], ["worker-dest"])
@@ -96,10 +100,10 @@ def test_delivery_does_not_pause_at_run_changeovers(prefect_harness: None, store
                 time.sleep(0.05)
                 if time.monotonic() - checked > 1:
                     checked = time.monotonic()
-                    if sum(run.state.is_completed() for run in deliver_runs()) >= 4:
+                    if sum(run.state.is_completed() for run in deliver_runs(test_started)) >= 4:
                         break
             receiver.wait_for(sent, timeout=60)
-            runs = deliver_runs()
+            runs = deliver_runs(test_started)
     finished = [run for run in runs if run.state.is_completed()]
     # At least four runs handed over while the calls arrived, each starting before its predecessor ended.
     assert len(finished) >= 4, [(run.name, run.state.type) for run in runs]

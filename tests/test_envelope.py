@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_webhooks.envelope import EnvelopeError, batch_envelope
+from prefect_webhooks.envelope import EnvelopeError, batch_envelope, merge_batch_fields
 
 
 class TestEnvelope:
@@ -16,3 +16,23 @@ class TestEnvelope:
     def test_refuses_a_body_that_is_not_a_batch(self, body: object) -> None:
         with pytest.raises(EnvelopeError):
             batch_envelope(body)
+
+
+class TestMergeBatchFields:
+    def test_the_calls_own_values_win_key_by_key(self) -> None:
+        merged = merge_batch_fields(
+            {"context": {"ip": "1", "integrations": {"A": False}}, "integrations": {"B": False}},
+            context={"ip": "0", "locale": "x", "integrations": {"A": True, "C": True}},
+            integrations={"B": True, "D": True},
+            sent_at="s",
+        )
+        assert merged == {
+            "context": {"ip": "1", "locale": "x", "integrations": {"A": False, "C": True}},
+            "integrations": {"B": False, "D": True},
+            "sentAt": "s",
+        }
+
+    @pytest.mark.parametrize("own", [[None], "x", 1, True, []])
+    def test_a_calls_own_context_that_is_not_an_object_stays_for_validation(self, own: object) -> None:
+        merged = merge_batch_fields({"context": own}, context={"integrations": {"All": False}})
+        assert merged["context"] == own

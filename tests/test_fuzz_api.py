@@ -187,6 +187,17 @@ def test_wrong_types_for_every_batch_field_are_answered(api: Api, field: str) ->
         assert_answered(api.post("/v1/batch", orjson.dumps({"batch": [track()], field: value})))
 
 
+@pytest.mark.parametrize("field", ["context", "integrations"])
+def test_a_call_field_of_the_wrong_type_under_batch_level_objects_is_answered(api: Api, field: str) -> None:
+    # The batch-level objects merge into each call's own: a call's own value of the wrong type must be refused
+    # by name, not break the merge (found by schemathesis: a 503 for a list-valued context).
+    calls = [track(**{field: value}) for value in WRONG_VALUES]
+    envelope = {"batch": calls, "context": {"": None, "integrations": {"All": True}}, "integrations": {"All": True}}
+    body = assert_answered(api.post("/v1/batch", orjson.dumps(envelope)))
+    assert body["accepted"] + body["duplicates"] + body["suppressed"] + len(body["rejected"]) == len(calls)
+    assert any(rejection["field"].endswith(field) for rejection in body["rejected"]), body["rejected"]
+
+
 @pytest.mark.parametrize("body", [b"[]", b"null", b"1", b'"batch"', b"true", b"[{}]"])
 @pytest.mark.parametrize("path", ["/v1/batch", "/v1/identify"])
 def test_json_that_is_not_an_object_is_refused(api: Api, body: bytes, path: str) -> None:

@@ -69,9 +69,15 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert tops == {"prefect_webhooks"}
-    for module in ("flows/deliver.py", "deployments/serve.py", "deployments/prefect.yaml",
-                   "deployments/automations/delivery-failed.yaml"):
-        assert f"prefect_webhooks/{module}" in names
+    # Every module and data file of the source tree, wherever it lives in the repository (a subpackage missing from
+    # pyproject's list installs a package that fails on import).
+    expected = {f"prefect_webhooks/{path.relative_to(ROOT / folder)}" if folder == "prefect_webhooks"
+                else f"prefect_webhooks/{path.relative_to(ROOT)}"
+                for folder in ("prefect_webhooks", "flows", "deployments")
+                for path in (ROOT / folder).rglob("*")
+                if path.suffix in {".py", ".yaml"} and "__pycache__" not in path.parts}
+    assert "prefect_webhooks/delivery/claims.py" in expected and "prefect_webhooks/flows/deliver.py" in expected
+    assert sorted(expected - set(names)) == []
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ from typing import Annotated, Any
 
 import typer
 
-from prefect_webhooks.demo import DEFAULT_TIMEOUT
 from prefect_webhooks.service import DEFAULT_GRACE_SECONDS
-from prefect_webhooks.settings import get_settings
+
+# Only light modules at the top: `prefect-webhooks serve` starts its delivery workers before anything heavy is read.
+DEMO_TIMEOUT_SECONDS = 170.0
 
 app = typer.Typer(
     name="prefect-webhooks",
@@ -72,6 +73,7 @@ def ingest(
 
     from prefect_webhooks.api import create_app
     from prefect_webhooks.runtime import tune_gc_for_serving
+    from prefect_webhooks.settings import get_settings
 
     settings = get_settings()
     if workers > 1:
@@ -165,7 +167,7 @@ def demo(
     ] = None,
     timeout: Annotated[
         float, typer.Option(help="Seconds the traffic part may take before the demo gives up.", min=1)
-    ] = DEFAULT_TIMEOUT,
+    ] = DEMO_TIMEOUT_SECONDS,
     linger: Annotated[
         float, typer.Option(help="Seconds to keep everything up after the summary, to browse the Prefect UI.", min=0)
     ] = 0.0,

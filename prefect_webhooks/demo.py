@@ -38,7 +38,6 @@ from prefect_webhooks.tables import table_text
 SECOND_MEMBERS = ("ada", "linus", "margaret")
 DELETED_USER = "linus"
 CALL_TYPES = ("identify", "track", "page", "screen", "group", "alias")
-DEFAULT_TIMEOUT = 170.0
 
 
 def expected_counts() -> Counter[str]:
@@ -228,7 +227,7 @@ def report(result: dict[str, Any], stack: DemoStack) -> str:
     return "\n".join(lines)
 
 
-def run_demo(run_dir: Path | None = None, timeout: float = DEFAULT_TIMEOUT, linger: float = 0.0) -> int:
+def run_demo(run_dir: Path | None, *, timeout: float, linger: float = 0.0) -> int:
     """Run the main job end to end and print its summary.
 
     Args:

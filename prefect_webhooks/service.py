@@ -348,18 +348,23 @@ def serve(
     Returns:
         0 after a requested shutdown, 1 when a child exited on its own.
     """
-    from prefect_webhooks.settings import get_settings
-
-    settings = get_settings()
-    host = host or settings.ingest.ingest_host
-    port = port or settings.ingest.ingest_port
     stop = threading.Event()
     _install_stop_handlers(stop)
-    # The API and the delivery workers start together: what is already due is delivered while the API starts.
-    # The stop order: stop accepting, then stop delivering, then the other deployments.
-    api = Child("ingest API", ingest_command(host, port, ingest_workers)).start()
+    # The delivery workers start first, before this process reads its settings (a third of a second of imports):
+    # what is already due is delivered while the API starts. The stop order: stop accepting, then stop delivering,
+    # then the other deployments.
     workers = [Child(f"delivery worker {number}", delivery_worker_command()).start()
                for number in range(1, delivery_workers + 1)]
+    try:
+        from prefect_webhooks.settings import get_settings
+
+        settings = get_settings()
+        host = host or settings.ingest.ingest_host
+        port = port or settings.ingest.ingest_port
+        api = Child("ingest API", ingest_command(host, port, ingest_workers)).start()
+    except BaseException:
+        stop_children([workers], grace_seconds)
+        raise
     children: list[Child] = [api, *workers]
     stages: list[Child | list[Child]] = [api, workers]
     exit_code = 0

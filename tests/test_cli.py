@@ -112,3 +112,15 @@ def test_ingest_options_override_settings(tmp_path: Path) -> None:
         assert _health(option_port, process) == 200
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{setting_port}/health", timeout=1)
+
+
+def test_the_command_line_loads_without_prefect_or_settings() -> None:
+    # `prefect-webhooks serve` starts its delivery workers before it reads anything heavy: every second of imports
+    # here would be a second before what is due moves.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, prefect_webhooks.cli; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    heavy = {"prefect", "httpx", "pydantic", "pydantic_settings", "sqlalchemy", "prefect_webhooks.settings"}
+    assert "prefect_webhooks.cli" in loaded
+    assert sorted(heavy.intersection(loaded)) == []

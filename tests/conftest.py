@@ -34,6 +34,16 @@ def store_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     get_settings.cache_clear()
 
 
+def postgres_server() -> str:
+    """The test PostgreSQL server's URL; without one a test fails in CI (``.ci/run`` starts it), skips elsewhere."""
+    server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
+    if not server:
+        if os.environ.get("CI"):
+            pytest.fail("PREFECT_WEBHOOKS_TEST_POSTGRES_URL is not set; .ci/run starts PostgreSQL")
+        pytest.skip("no PostgreSQL server (set PREFECT_WEBHOOKS_TEST_POSTGRES_URL; scripts/test-postgres)")
+    return server
+
+
 def _fresh_postgres_database(server_url: str) -> str:
     """A new empty database on the test PostgreSQL server; returns its URL."""
     import uuid
@@ -55,12 +65,7 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pyt
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'store.db'}"
     else:
-        server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
-        if not server:
-            if os.environ.get("CI"):
-                pytest.fail("PREFECT_WEBHOOKS_TEST_POSTGRES_URL is not set; .ci/run starts PostgreSQL")
-            pytest.skip("no PostgreSQL server (set PREFECT_WEBHOOKS_TEST_POSTGRES_URL; scripts/test-postgres)")
-        url = _fresh_postgres_database(server)
+        url = _fresh_postgres_database(postgres_server())
     monkeypatch.setenv("PREFECT_WEBHOOKS_DATABASE_URL", url)
     monkeypatch.setenv("PREFECT_WEBHOOKS_HOME", str(tmp_path))
     get_settings.cache_clear()

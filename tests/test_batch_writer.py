@@ -46,15 +46,10 @@ async def test_batch_writer_sheds_load_past_max_pending(store_url: str) -> None:
 
 
 async def test_batch_writer_gives_a_new_postgres_store_statistics_for_the_dedupe_lookup() -> None:
-    import os
 
-    from tests.conftest import _fresh_postgres_database
+    from tests.conftest import _fresh_postgres_database, postgres_server
 
-    server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
-    if not server:
-        if os.environ.get("CI"):
-            pytest.fail("PREFECT_WEBHOOKS_TEST_POSTGRES_URL is not set")
-        pytest.skip("no PostgreSQL server (scripts/test-postgres)")
+    server = postgres_server()
     engine = get_engine(_fresh_postgres_database(server))
     writer = BatchWriter(engine)
     for start in range(0, 12_000, 2_000):

@@ -29,6 +29,7 @@ from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, write_definit
 from prefect_webhooks.signing import SIGNATURE_HEADER, verify
 from tests.receivers import Receiver
 from tests.servers import free_port
+from tests.test_code_shape import PACKAGE_FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -73,7 +74,7 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     # pyproject's list installs a package that fails on import).
     expected = {f"prefect_webhooks/{path.relative_to(ROOT / folder)}" if folder == "prefect_webhooks"
                 else f"prefect_webhooks/{path.relative_to(ROOT)}"
-                for folder in ("prefect_webhooks", "flows", "deployments")
+                for folder in PACKAGE_FOLDERS
                 for path in (ROOT / folder).rglob("*")
                 if path.suffix in {".py", ".yaml"} and "__pycache__" not in path.parts}
     assert "prefect_webhooks/delivery/claims.py" in expected and "prefect_webhooks/flows/deliver.py" in expected

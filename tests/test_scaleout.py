@@ -20,7 +20,7 @@ from sqlalchemy import inspect, select
 
 from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
 from prefect_webhooks.store import get_engine
-from tests.conftest import _fresh_postgres_database
+from tests.conftest import _fresh_postgres_database, postgres_server
 from tests.faults import ROOT, accounting, received_ids, start_worker, worker_result
 from tests.receivers import Receiver
 
@@ -147,11 +147,7 @@ def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_concurrent_schema_creation_on_a_fresh_postgres_database() -> None:
-    server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL")
-    if not server:
-        if os.environ.get("CI"):
-            pytest.fail("PREFECT_WEBHOOKS_TEST_POSTGRES_URL is not set")
-        pytest.skip("no PostgreSQL server (scripts/test-postgres)")
+    server = postgres_server()
     failures: Counter[str] = Counter()
     for _ in range(3):
         url = _fresh_postgres_database(server)

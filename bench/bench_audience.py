@@ -74,9 +74,9 @@ def run_phase(phase: str, workdir: Path, destinations: int) -> dict[str, object]
 
 def phase_sync(workdir: Path, destinations: int) -> dict[str, object]:
     """Child: one ``sync_audience`` call, timed, with its peak RSS."""
-    from prefect_webhooks.audiences import AudienceDefinition, sync_audience
-    from prefect_webhooks.snapshots import SqlSnapshot
-    from prefect_webhooks.store import get_engine
+    from prefect_webhooks.audiences.snapshots import SqlSnapshot
+    from prefect_webhooks.audiences.sync import AudienceDefinition, sync_audience
+    from prefect_webhooks.store.engines import get_engine
 
     engine = get_engine(f"sqlite:///{workdir / 'store.db'}")
     definition = AudienceDefinition(

@@ -348,7 +348,8 @@ def save_blocks(receiver_url: str) -> str:
     """Save the Source and the signed WebhookDestination on the bench's Prefect server; returns the Basic header."""
     import base64
 
-    from prefect_webhooks.blocks import Source, WebhookDestination
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.blocks.source import Source
 
     write_key = uuid.uuid4().hex
     WebhookDestination(endpoints=[{"url": receiver_url, "headers": {"X-Api-Key": "bench"}}],
@@ -404,7 +405,7 @@ class Postgres:
             # A server that was already running keeps running, without this run's databases.
             import psycopg
 
-            from prefect_webhooks.store import dispose_engines
+            from prefect_webhooks.store.engines import dispose_engines
 
             dispose_engines()
             assert self.url
@@ -428,8 +429,8 @@ def fresh_store(kind: str, workdir: Path, postgres: Postgres | None, name: str) 
 def store_counts(url: str) -> dict[str, int]:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.outbox import OUTBOX
-    from prefect_webhooks.store import get_engine
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import OUTBOX
 
     with get_engine(url).connect() as connection:
         return dict(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
@@ -438,8 +439,9 @@ def store_counts(url: str) -> dict[str, int]:
 def pending_count(url: str) -> int:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.outbox import OUTBOX
-    from prefect_webhooks.store import PENDING, get_engine
+    from prefect_webhooks.messages.outcomes import PENDING
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import OUTBOX
 
     with get_engine(url).connect() as connection:
         return connection.execute(select(func.count()).where(OUTBOX.c.state == PENDING)).scalar_one()
@@ -452,7 +454,7 @@ def delivery_ceiling(receiver_port: int, messages: int, concurrency: int) -> tup
     """The raw aiohttp POST loop to the receiver: messages/s and CPU µs per message of the loop's process."""
     from bench_delivery import raw_loop
 
-    from prefect_webhooks.payloads import serialize
+    from prefect_webhooks.messages.payloads import serialize
 
     url = f"http://127.0.0.1:{receiver_port}/hook"
     bodies = [serialize({"type": "track", "userId": f"user-{n}", "event": "Order Completed",

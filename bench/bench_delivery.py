@@ -131,8 +131,9 @@ def fresh_store(folder: Path, name: str) -> str:
 def count_delivered(url: str) -> int:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.outbox import OUTBOX
-    from prefect_webhooks.store import DELIVERED, get_engine
+    from prefect_webhooks.messages.outcomes import DELIVERED
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import OUTBOX
 
     with get_engine(url).connect() as connection:
         return connection.execute(select(func.count()).where(OUTBOX.c.state == DELIVERED)).scalar_one()
@@ -151,10 +152,10 @@ async def ours(
     url: str, sink_url: str, payloads: list[dict], batch_size: int, parallel: int, **block_options: object
 ) -> tuple[float, float]:
     """End to end through the outbox with ``deliver_due`` (no Prefect); messages/s and CPU µs per message."""
-    from prefect_webhooks.blocks import WebhookDestination
+    from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-    from prefect_webhooks.outbox import enqueue
-    from prefect_webhooks.store import get_engine
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import enqueue
 
     enqueue("bench", payloads, engine=get_engine(url))
     options = {"shared_secret": "s3cret", **block_options}
@@ -173,10 +174,10 @@ async def through_flow(
     url: str, sink_url: str, payloads: list[dict], batch_size: int, parallel: int
 ) -> tuple[float, float]:
     """End to end through the Prefect ``deliver`` flow (saved block, one task run per batch); as ``ours``."""
-    from prefect_webhooks.blocks import WebhookDestination
+    from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.flows.deliver import deliver
-    from prefect_webhooks.outbox import enqueue
-    from prefect_webhooks.store import get_engine
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import enqueue
 
     await WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}],
                              shared_secret="s3cret").save("bench", overwrite=True)
@@ -201,7 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["PREFECT_WEBHOOKS_DELIVERY_CONCURRENCY"] = str(args.concurrency)
 
-    from prefect_webhooks.payloads import serialize
+    from prefect_webhooks.messages.payloads import serialize
 
     payloads = make_payloads(args.messages)
     bodies = [serialize(payload) for payload in payloads]
@@ -215,7 +216,7 @@ def main() -> None:
                                      args.parallel_batches))
         report("prefect-webhooks deliver_due (outbox)", rate, cpu, ceiling)
         if args.variants:
-            from prefect_webhooks.signing import generate_secret
+            from prefect_webhooks.signing.signatures import generate_secret
 
             variants = {"+ Standard Webhooks signatures": {"shared_secret": generate_secret(),
                                                            "standard_webhooks": True},

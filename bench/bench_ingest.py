@@ -145,7 +145,8 @@ def _cpu_seconds(pid: int) -> float:
 def count_rows(store_url: str, source: str) -> int:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.store import OutboxMessage, get_engine
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.tables import OutboxMessage
 
     table = OutboxMessage.__table__
     with get_engine(store_url).connect() as connection:
@@ -153,7 +154,7 @@ def count_rows(store_url: str, source: str) -> int:
 
 
 def throughput(args: argparse.Namespace, store_url: str, api_url: str) -> dict[str, float]:
-    from prefect_webhooks.blocks import Source
+    from prefect_webhooks.blocks.source import Source
     from tests.servers import free_port, ingest_api_process
 
     name, key = f"bench-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
@@ -221,7 +222,8 @@ async def _paced_sender(
 
 
 def latency(args: argparse.Namespace, store_url: str, api_url: str) -> dict[str, float]:
-    from prefect_webhooks.blocks import Source, WebhookDestination
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.blocks.source import Source
     from prefect_webhooks.flows.deliver import deliver
     from prefect_webhooks.settings import get_settings
     from tests.receivers import Receiver

@@ -33,9 +33,9 @@ from bench_delivery import Sink, make_payloads, raw_loop  # noqa: E402
 
 
 async def _worker(sink_url: str) -> dict:
-    from prefect_webhooks.blocks import WebhookDestination
+    from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
-    from prefect_webhooks.store import get_engine
+    from prefect_webhooks.store.engines import get_engine
 
     block = WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}], shared_secret="s3cret")
     async with Sender() as sender:
@@ -55,8 +55,8 @@ def worker_main(sink_url: str) -> None:
 
 def run_config(postgres: Postgres, sink_url: str, messages: int, workers: int) -> tuple[float, list[dict]]:
     """Messages/s of ``workers`` processes draining ``messages`` from a fresh database, and each worker's stats."""
-    from prefect_webhooks.outbox import enqueue
-    from prefect_webhooks.store import get_engine
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import enqueue
 
     url = postgres.fresh_database()
     engine = get_engine(url)
@@ -88,8 +88,9 @@ def run_config(postgres: Postgres, sink_url: str, messages: int, workers: int) -
 def count_delivered(url: str) -> int:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.outbox import OUTBOX
-    from prefect_webhooks.store import DELIVERED, get_engine
+    from prefect_webhooks.messages.outcomes import DELIVERED
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import OUTBOX
 
     with get_engine(url).connect() as connection:
         return connection.execute(select(func.count()).where(OUTBOX.c.state == DELIVERED)).scalar_one()

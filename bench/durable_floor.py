@@ -23,15 +23,10 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefect_webhooks.runtime import tune_gc_for_serving  # noqa: E402
-from prefect_webhooks.store import (  # noqa: E402
-    PENDING,
-    OutboxMessage,
-    SeenMessage,
-    get_engine,
-    insert_rows,
-    store_now,
-)
+from prefect_webhooks.messages.outcomes import PENDING
+from prefect_webhooks.store.engines import get_engine, insert_rows
+from prefect_webhooks.store.tables import OutboxMessage, SeenMessage, store_now
+from prefect_webhooks.utilities.runtime import tune_gc_for_serving  # noqa: E402
 
 OUTBOX = OutboxMessage.__table__
 SEEN = SeenMessage.__table__

@@ -9,7 +9,7 @@ Deployments (``flow/deployment``) as shipped:
 
 - ``deliver/continuous``: every 60 s; each run claims due messages for 75 s, so consecutive runs overlap and
   delivery does not pause. ``prefect-webhooks serve`` leaves it out here (``--no-deliver``) and runs its runs in
-  warm delivery workers instead (``prefect_webhooks.delivery_worker``), with the same definition and schedule.
+  warm delivery workers instead (``prefect_webhooks.serving.delivery_worker``), with the same definition and schedule.
 - ``deletions/interval``: every 60 s; carries out requested deletions.
 - ``replay/on-demand``: no schedule; run it with parameters to put failed messages back to pending.
 - ``audience-sync/<name>``: one per entry of the audiences file, on that entry's cron.

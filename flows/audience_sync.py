@@ -3,8 +3,8 @@
 Run it on a schedule per audience (see ``prefect_webhooks.audiences`` for how an audience is defined and diffed)::
 
     from prefect_webhooks.flows.audience_sync import audience_sync
-    from prefect_webhooks.audiences import AudienceDefinition
-    from prefect_webhooks.snapshots import SqlSnapshot
+    from prefect_webhooks.audiences.sync import AudienceDefinition
+    from prefect_webhooks.audiences.snapshots import SqlSnapshot
 
     audience_sync(AudienceDefinition(name="Big Spenders 2024", sources=["web-app"],
                                      snapshot=SqlSnapshot(url="postgresql://…", query="select user_id from …")))
@@ -23,8 +23,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from prefect_webhooks.audiences import AudienceDefinition, AudienceError, SyncResult, sync_audience
-from prefect_webhooks.sources import read_source
+from prefect_webhooks.audiences.sync import AudienceDefinition, AudienceError, SyncResult, sync_audience
+from prefect_webhooks.inbound.sources import read_source
 
 PROGRESS_STEP = 2.0
 

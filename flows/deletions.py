@@ -19,16 +19,9 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from prefect_webhooks.deletions import (
-    DeletionOutcome,
-    PendingRequest,
-    affected_sources,
-    pending_requests,
-    process_deletion,
-    request_deletion,
-    user_reference,
-)
-from prefect_webhooks.sources import read_source
+from prefect_webhooks.deletions.processing import DeletionOutcome, affected_sources, process_deletion
+from prefect_webhooks.deletions.requests import PendingRequest, pending_requests, request_deletion, user_reference
+from prefect_webhooks.inbound.sources import read_source
 
 ARTIFACT_KEY = "deletion-requests"
 BATCH_SIZE = 200

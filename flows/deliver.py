@@ -16,9 +16,9 @@ from prefect import flow
 from prefect.artifacts import acreate_table_artifact
 from prefect.logging import get_run_logger
 
+from prefect_webhooks.blocks.rotation import afinish_rotations
 from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, deliver_due
-from prefect_webhooks.rotation import afinish_rotations
-from prefect_webhooks.sync_flows import sync_compatible
+from prefect_webhooks.utilities.sync_flows import sync_compatible
 
 
 def _slug(destination: str) -> str:

@@ -10,10 +10,10 @@ CSV cells are read as text (so ``00123`` stays a string); put typed values (numb
 Parquet/DataFrame columns keep their types; struct columns come through as objects.
 
 Calls are cut into chunks of ``batch_size``; each chunk is one task run and one transaction through
-``prefect_webhooks.ingest.ingest_batch`` (validation, timestamps, dedupe, suppression, routing, outbox). A call over
-32 KB is rejected on its own here (the API refuses the whole request instead). The run publishes two table
-artifacts: ``ingest-summary`` (counts) and ``ingest-rejected`` (row, field, reason; rows are 1-based positions in
-the input, the CSV header not counted).
+``prefect_webhooks.inbound.ingestion.ingest_batch`` (validation, timestamps, dedupe, suppression, routing,
+outbox). A call over 32 KB is rejected on its own here (the API refuses the whole request instead). The run
+publishes two table artifacts: ``ingest-summary`` (counts) and ``ingest-rejected`` (row, field, reason; rows are
+1-based positions in the input, the CSV header not counted).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from prefect.artifacts import acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from prefect_webhooks.ingest import IngestResult, Rejection, ingest_batch
-from prefect_webhooks.runtime import lazy_module
-from prefect_webhooks.sources import SourceInfo, aread_source
-from prefect_webhooks.sync_flows import sync_compatible
+from prefect_webhooks.inbound.ingestion import IngestResult, Rejection, ingest_batch
+from prefect_webhooks.inbound.sources import SourceInfo, aread_source
+from prefect_webhooks.utilities.runtime import lazy_module
+from prefect_webhooks.utilities.sync_flows import sync_compatible
 
 pd = lazy_module("pandas")
 

@@ -9,8 +9,8 @@ from prefect import flow
 from prefect.artifacts import acreate_table_artifact
 from prefect.logging import get_run_logger
 
-from prefect_webhooks.outbox import replay_failed
-from prefect_webhooks.sync_flows import sync_compatible
+from prefect_webhooks.store.outbox import replay_failed
+from prefect_webhooks.utilities.sync_flows import sync_compatible
 
 
 @sync_compatible

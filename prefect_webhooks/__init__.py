@@ -1,31 +1,34 @@
 """prefect-webhooks: a customer-data-platform webhook destination on Prefect.
 
+The package has one folder per stage of the data flow, each importing only from the stages below it:
+
+- ``messages``: the vocabulary every stage shares (inbound call model, timestamps, outbound bodies, outcomes, retry);
+- ``signing``: signatures and the headers that carry them;
+- ``blocks``: what users save (sources, destinations, endpoints, filter rules);
+- ``store``: tables, the outbox, metrics;
+- ``client`` (the Analytics client), ``inbound`` (the ingest API and ingestion path), ``delivery`` (the engine),
+  ``audiences`` and ``deletions``: the stages that put messages into the store or take them out;
+- ``flows`` and ``deployments``: the Prefect flows and their deployments; ``serving``: ``prefect-webhooks serve``;
+  ``demo``: the main job end to end.
+
 Names are imported on first use (PEP 562), so ``from prefect_webhooks import Analytics`` does not load Prefect:
-an application that only sends events pays for the client alone.
+an application that only sends events pays for the client alone. Modules that moved keep their old import paths
+(``utilities.moved_modules``).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefect_webhooks.utilities import moved_modules
+from prefect_webhooks.utilities.exports import lazy_exports
 
 if TYPE_CHECKING:
     from prefect_webhooks.blocks import Source, WebhookDestination
     from prefect_webhooks.client import Analytics, AnalyticsError
     from prefect_webhooks.messages import Alias, Group, Identify, Page, Screen, Track
 
-_EXPORTS = {
-    "Alias": "prefect_webhooks.messages",
-    "Analytics": "prefect_webhooks.client",
-    "AnalyticsError": "prefect_webhooks.client",
-    "Group": "prefect_webhooks.messages",
-    "Identify": "prefect_webhooks.messages",
-    "Page": "prefect_webhooks.messages",
-    "Screen": "prefect_webhooks.messages",
-    "Source": "prefect_webhooks.blocks",
-    "Track": "prefect_webhooks.messages",
-    "WebhookDestination": "prefect_webhooks.blocks",
-}
+moved_modules.install()
 
 __all__ = [
     "Alias",
@@ -40,14 +43,8 @@ __all__ = [
     "WebhookDestination",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'prefect_webhooks' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, {
+    **dict.fromkeys(("Alias", "Group", "Identify", "Page", "Screen", "Track"), "prefect_webhooks.messages"),
+    **dict.fromkeys(("Analytics", "AnalyticsError"), "prefect_webhooks.client"),
+    **dict.fromkeys(("Source", "WebhookDestination"), "prefect_webhooks.blocks"),
+})

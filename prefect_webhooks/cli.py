@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from prefect_webhooks.service import DEFAULT_GRACE_SECONDS
+from prefect_webhooks.serving.service import DEFAULT_GRACE_SECONDS
 
 # Only light modules at the top: `prefect-webhooks serve` starts its delivery workers before anything heavy is read.
 DEMO_TIMEOUT_SECONDS = 170.0
@@ -71,14 +71,14 @@ def ingest(
     """Run the Segment-compatible ingest API (uvicorn)."""
     import uvicorn
 
-    from prefect_webhooks.api import create_app
-    from prefect_webhooks.runtime import tune_gc_for_serving
+    from prefect_webhooks.inbound.api import create_app
     from prefect_webhooks.settings import get_settings
+    from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
     settings = get_settings()
     if workers > 1:
         # Each process builds its own app (and store engine) from the factory; uvicorn shares the port among them.
-        app_or_factory: Any = "prefect_webhooks.service:create_service_app"
+        app_or_factory: Any = "prefect_webhooks.serving.service:create_service_app"
         options: dict[str, Any] = {"factory": True, "workers": workers}
     else:
         app_or_factory, options = create_app(), {}
@@ -124,7 +124,7 @@ def serve(
 
     Needs PREFECT_API_URL (a running Prefect server). Exits 1 when a part dies, so a process manager restarts it.
     """
-    from prefect_webhooks.service import serve as run_service
+    from prefect_webhooks.serving.service import serve as run_service
 
     raise typer.Exit(
         run_service(
@@ -148,7 +148,7 @@ def status(
     ] = False,
 ) -> None:
     """Print backlog depth, oldest pending age and outcome counts per destination, read from the store."""
-    from prefect_webhooks.metrics import backlog_snapshot, health_document, prometheus_text, status_table
+    from prefect_webhooks.store.metrics import backlog_snapshot, health_document, prometheus_text, status_table
 
     snapshot = backlog_snapshot()
     if as_json:
@@ -173,7 +173,7 @@ def demo(
     ] = 0.0,
 ) -> None:
     """Run the end-to-end demo on embedded defaults: a local Prefect server, the service, a receiver; then stop."""
-    from prefect_webhooks.demo import run_demo
+    from prefect_webhooks.demo.run import run_demo
 
     raise typer.Exit(run_demo(run_dir, timeout=timeout, linger=linger))
 
@@ -204,7 +204,7 @@ def rotate_secret(
     The secret is never a command-line argument (shell history, process lists): generate one, or read it from an
     environment variable or standard input.
     """
-    from prefect_webhooks.rotation import describe_rotation, parse_window, rotate_destination_secret
+    from prefect_webhooks.blocks.rotation import describe_rotation, parse_window, rotate_destination_secret
 
     if sum((generate, from_env is not None, from_stdin)) != 1:
         raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")

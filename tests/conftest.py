@@ -10,7 +10,7 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store import dispose_engines, get_engine
+from prefect_webhooks.store.engines import dispose_engines, get_engine
 from tests.receivers import Receiver
 
 

@@ -24,7 +24,8 @@ from typing import IO
 
 import httpx
 
-from prefect_webhooks.blocks import Source, WebhookDestination
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.source import Source
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -12,8 +13,27 @@ PACKAGE_FOLDERS = ("prefect_webhooks", "flows", "deployments")
 MAX_LINES = 420
 # A run of this many identical lines (blank lines and lone brackets not counted) is one step written twice.
 REPEATED_RUN = 6
+# The stages of the data flow, lowest first (see prefect_webhooks/__init__.py). A module imports only from its own
+# stage or a lower one; stages on one line do not import one another.
+STAGE_ORDER = (
+    ("utilities",),
+    ("settings",),
+    ("messages",),
+    ("signing",),
+    ("blocks",),
+    ("store",),
+    ("client", "inbound", "delivery", "audiences", "deletions"),
+    ("flows", "deployments"),
+    ("serving",),
+    ("demo",),
+    ("cli",),
+)
+# The only modules directly under prefect_webhooks/: the package's entry points. ``__init__`` (the public names),
+# ``settings`` (every stage reads it; users set it), ``cli`` (the console script). ``blocks`` is a folder, the
+# entry point Prefect's collections registry imports.
+TOP_LEVEL_MODULES = {"__init__.py", "settings.py", "cli.py"}
 # The sync and async forms of one public method share their signature, as Prefect's own ``save``/``asave`` do.
-TWIN_SIGNATURES = {("prefect_webhooks/blocks.py", "arotate_secret", "rotate_secret")}
+TWIN_SIGNATURES = {("prefect_webhooks/blocks/destination.py", "arotate_secret", "rotate_secret")}
 
 
 def package_modules() -> dict[str, list[str]]:
@@ -65,3 +85,84 @@ def test_every_subpackage_is_in_pyprojects_package_list() -> None:
              for path in (ROOT / "prefect_webhooks").rglob("__init__.py")}
     assert "prefect_webhooks.delivery" in found
     assert sorted(found - listed) == []
+
+
+def module_name(path: str) -> str:
+    """The import name of a module of the package tree (``flows/deliver.py`` → ``prefect_webhooks.flows.deliver``)."""
+    parts = list(Path(path).with_suffix("").parts)
+    if parts[0] != "prefect_webhooks":
+        parts.insert(0, "prefect_webhooks")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def internal_imports() -> dict[str, set[str]]:
+    """Module → the package's modules it imports (deferred imports inside functions included)."""
+    names = {module_name(path) for path in package_modules()}
+    graph: dict[str, set[str]] = {}
+    for path, lines in package_modules().items():
+        found = set()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                # The most specific module of the package the import names.
+                while target and target not in names:
+                    target = target.rpartition(".")[0]
+                if target:
+                    found.add(target)
+                    break
+        graph[module_name(path)] = found - {module_name(path)}
+    return graph
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_no_module_sits_directly_under_the_package_but_its_entry_points() -> None:
+    loose = {path.name for path in (ROOT / "prefect_webhooks").glob("*.py")} - TOP_LEVEL_MODULES
+    assert loose == set(), f"modules outside a stage folder: {sorted(loose)}"
+    folders = {path.parent.name for path in (ROOT / "prefect_webhooks").glob("*/__init__.py")}
+    staged = {stage for level in STAGE_ORDER for stage in level}
+    assert folders <= staged, f"folders missing from STAGE_ORDER: {sorted(folders - staged)}"
+
+
+def test_no_import_runs_up_the_stages() -> None:
+    level = {stage: index for index, stages in enumerate(STAGE_ORDER) for stage in stages}
+    upward = []
+    for module, imported in internal_imports().items():
+        if module == "prefect_webhooks":
+            continue  # the package's public names, imported on first use, sit above every stage
+        for target in imported:
+            source_stage, target_stage = stage_of(module), stage_of(target)
+            if source_stage != target_stage and level[target_stage] >= level[source_stage]:
+                upward.append(f"{module} -> {target}")
+    assert "prefect_webhooks.delivery.claims" in internal_imports()
+    assert sorted(upward) == []
+
+
+def test_no_import_cycles() -> None:
+    graph = internal_imports()
+    cycles = []
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(path[path.index(target):] + [module, target]) if target in path
+                              else f"{module} -> {target}")
+            elif target not in state:
+                visit(target, [*path, module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert cycles == []

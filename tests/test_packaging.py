@@ -24,9 +24,9 @@ import httpx
 import orjson
 import pytest
 
-from prefect_webhooks.demo_stack import start_group, stop_group
+from prefect_webhooks.demo.stack import start_group, stop_group
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, write_definitions
-from prefect_webhooks.signing import SIGNATURE_HEADER, verify
+from prefect_webhooks.signing.signatures import SIGNATURE_HEADER, verify
 from tests.receivers import Receiver
 from tests.servers import free_port
 from tests.test_code_shape import PACKAGE_FOLDERS

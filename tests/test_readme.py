@@ -33,7 +33,7 @@ import pytest
 from prefect.settings import PREFECT_API_URL
 
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store import dispose_engines, get_engine
+from prefect_webhooks.store.engines import dispose_engines, get_engine
 from tests.servers import ingest_api_process
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -29,14 +29,16 @@ from prefect.settings import PREFECT_API_URL
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from prefect_webhooks import sources
-from prefect_webhooks.blocks import Source, WebhookDestination
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.endpoint import WebhookEndpoint
+from prefect_webhooks.blocks.source import Source
 from prefect_webhooks.flows.deliver import deliver
-from prefect_webhooks.outbox import OUTBOX, enqueue
+from prefect_webhooks.inbound import sources
+from prefect_webhooks.inbound.sources import SourceInfo, SourceRegistry
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.sources import SourceInfo, SourceRegistry
-from prefect_webhooks.store import DELIVERED, FAILED, get_engine
-from prefect_webhooks.webhook_endpoint import WebhookEndpoint
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
 from tests.servers import ROOT, IngestServer, _wait_healthy, free_port, ingest_api_process, save_source
 

@@ -12,7 +12,7 @@ A message that cannot be queued or uploaded always reaches ``on_error`` and a co
 | ``options`` | ``ClientOptions``, every tunable, checked when a client is made |
 | ``batching`` | the bounded in-memory queue and the framing of a batch body |
 | ``sender`` | the sender thread: queue → batch → upload → counters and callbacks |
-| ``upload`` | uploading one batch, with retries (the policy itself is ``prefect_webhooks.retry``) |
+| ``upload`` | uploading one batch, with retries (the policy itself is ``prefect_webhooks.messages.retry``) |
 | ``connection`` | one keep-alive HTTP connection to the ingest API |
 | ``reporter`` | the counters and the ``on_error``/``on_success`` callbacks |
 | ``message_ids``, ``errors``, ``logs`` | messageIds, the exception types, the logger and ``DEBUG=analytics`` |

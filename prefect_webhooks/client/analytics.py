@@ -19,7 +19,7 @@ from prefect_webhooks.client.options import client_options
 from prefect_webhooks.client.reporter import ErrorCallback, Reporter, SuccessCallback
 from prefect_webhooks.client.sender import Sender
 from prefect_webhooks.client.upload import RetryPolicy
-from prefect_webhooks.messages import BaseMessage
+from prefect_webhooks.messages.model import BaseMessage
 from prefect_webhooks.settings import get_settings
 
 USER_AGENT = f"prefect-webhooks/{VERSION}"
@@ -123,7 +123,7 @@ class Analytics:
             analytics = Analytics.from_source("BLOCK_NAME")
             ```
         """
-        from prefect_webhooks.blocks import Source
+        from prefect_webhooks.blocks.source import Source
 
         source = Source.load(name, _sync=True)
         if not source.enabled:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import orjson
 
 from prefect_webhooks.client.errors import QueueFullError
-from prefect_webhooks.messages import MAX_BATCH_BYTES
+from prefect_webhooks.messages.model import MAX_BATCH_BYTES
 
 _BATCH_HEAD = b'{"batch":['
 # `],"sentAt":"2026-01-01T00:00:00.000Z"}` is 38 bytes; the margin keeps the bound exact without measuring each time.

@@ -15,8 +15,8 @@ import orjson
 
 from prefect_webhooks.client.errors import AnalyticsError
 from prefect_webhooks.client.message_ids import new_message_id
-from prefect_webhooks.messages import MAX_MESSAGE_BYTES, MessageError, parse_message
-from prefect_webhooks.timestamps import TimestampError, format_timestamp, parse_timestamp
+from prefect_webhooks.messages.model import MAX_MESSAGE_BYTES, MessageError, parse_message
+from prefect_webhooks.messages.timestamps import TimestampError, format_timestamp, parse_timestamp
 
 try:
     VERSION = version("prefect-webhooks")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_webhooks.messages import MessageError
+from prefect_webhooks.messages.model import MessageError
 
 
 class AnalyticsError(MessageError):

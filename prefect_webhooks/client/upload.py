@@ -1,8 +1,8 @@
 """Uploading one batch to the ingest API: one request, and the retries within the client's bounds.
 
 What is retried, how long to wait and how ``Retry-After`` is read is the project's one retry policy
-(``prefect_webhooks.retry``): connection errors and timeouts, 5xx, 408 and 429 are retried; any other status, a TLS
-certificate failure or a URL the client cannot use is permanent.
+(``prefect_webhooks.messages.retry``): connection errors and timeouts, 5xx, 408 and 429 are retried; any other
+status, a TLS certificate failure or a URL the client cannot use is permanent.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from prefect_webhooks.client.batching import QueuedMessage, encode_batch
 from prefect_webhooks.client.connection import BatchPoster, UnusableUrl
 from prefect_webhooks.client.errors import UploadError
 from prefect_webhooks.client.logs import logger
-from prefect_webhooks.retry import CLIENT_JITTER, backoff_delay, is_retryable_status, retry_after_seconds
-from prefect_webhooks.timestamps import format_timestamp, utcnow
+from prefect_webhooks.messages.retry import CLIENT_JITTER, backoff_delay, is_retryable_status, retry_after_seconds
+from prefect_webhooks.messages.timestamps import format_timestamp, utcnow
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The delivery engine: claimed outbox rows → signed HTTP requests → outcomes → attempt records.
+"""Delivery: the engine that takes due outbox rows from the store and hands on signed HTTP requests to the
+destinations' endpoints, then their outcomes and attempt records back to the store.
 
 Read in this order:
 
@@ -9,6 +10,11 @@ Read in this order:
 - ``sender``: the process's one aiohttp session (keep-alive, at most ``delivery_concurrency`` in flight).
 - ``context``: what the batches of a process share, and store calls that ride out a store restart.
 - ``stats``: what a run did, per endpoint (the ``deliver`` flow's artifacts).
+- ``destinations``: saved ``WebhookDestination`` blocks by name, with a short cache, resolved for sending.
+- ``filters``: a destination's filter rules compiled and applied to the messages due.
+- ``circuit``: a concurrency limit and a circuit breaker per endpoint URL.
+- ``network``: the optional SSRF guard on the addresses connections are made to.
+- ``events``: the Prefect events emitted for messages that failed for good.
 """
 
 from prefect_webhooks.delivery.claims import DeliveryOptions, Shift, current_shift, deliver_due

@@ -14,16 +14,17 @@ from typing import Any
 
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
 from prefect_webhooks.delivery.decision import BatchWrites, decide
+from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
+from prefect_webhooks.delivery.events import emit_delivery_failed
+from prefect_webhooks.delivery.filters import split_filtered
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats, MessageCounts
-from prefect_webhooks.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
-from prefect_webhooks.events import emit_delivery_failed
-from prefect_webhooks.filters import split_filtered
-from prefect_webhooks.message_headers import message_key_prefix
-from prefect_webhooks.outbox import Claimed, extend_leases, leased_rows, record_outcomes, release_leases
-from prefect_webhooks.outcomes import Filtered, Rescheduled
-from prefect_webhooks.retry import JITTER, deadline_of
-from prefect_webhooks.store import store_key, store_now
+from prefect_webhooks.messages.outcomes import Filtered, Rescheduled
+from prefect_webhooks.messages.retry import JITTER, deadline_of
+from prefect_webhooks.signing.headers import message_key_prefix
+from prefect_webhooks.store.engines import store_key
+from prefect_webhooks.store.outbox import Claimed, extend_leases, leased_rows, record_outcomes, release_leases
+from prefect_webhooks.store.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 

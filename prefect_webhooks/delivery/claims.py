@@ -19,14 +19,14 @@ from sqlalchemy.engine import Engine
 
 from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_store_unavailable, store_call
+from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.delivery.sender import Sender, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.delivery.task import delivery_task
-from prefect_webhooks.destinations import DestinationCache
-from prefect_webhooks.outbox import bring_forward, claim_due_deliveries
-from prefect_webhooks.retry import RetryableDeliveryError
+from prefect_webhooks.messages.retry import RetryableDeliveryError
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store import get_engine
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import bring_forward, claim_due_deliveries
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 
@@ -62,8 +62,8 @@ class DeliveryOptions:
 class Shift:
     """A run's turn in a delivery worker: the worker's open sender and destination cache, and the handover.
 
-    A delivery worker (``prefect_webhooks.delivery_worker``) runs the ``deliver`` flow back to back in one process;
-    each run is a shift. The run's claim loop sets ``claiming`` once it has made its first claim, so the worker
+    A delivery worker (``prefect_webhooks.serving.delivery_worker``) runs the ``deliver`` flow back to back in one
+    process; each run is a shift. The run's claim loop sets ``claiming`` once it has made its first claim, so the worker
     knows the successor is delivering; the worker then sets the predecessor's ``handed_over``, and that run stops
     claiming, finishes the batches it holds and ends. The two overlap by at least one claim: delivery never pauses.
     """

@@ -18,11 +18,11 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.delivery.sender import Sender
 from prefect_webhooks.delivery.stats import DeliveryStats
-from prefect_webhooks.destinations import DestinationCache
-from prefect_webhooks.outbox import Claimed
 from prefect_webhooks.settings import WebhooksSettings, get_settings
+from prefect_webhooks.store.outbox import Claimed
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 

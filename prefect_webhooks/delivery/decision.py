@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from prefect_webhooks.delivery.sender import RequestResult, display_url
-from prefect_webhooks.outbox import Claimed
-from prefect_webhooks.outcomes import (
+from prefect_webhooks.messages.outcomes import (
     DELIVERED,
     PERMANENT,
     RETRY,
@@ -21,8 +20,9 @@ from prefect_webhooks.outcomes import (
     OutcomeRecords,
     Rescheduled,
 )
-from prefect_webhooks.retry import RETRY_AFTER_REASON, deadline_of, next_attempt_at, parse_retry_after
+from prefect_webhooks.messages.retry import RETRY_AFTER_REASON, deadline_of, next_attempt_at, parse_retry_after
 from prefect_webhooks.settings import WebhooksSettings
+from prefect_webhooks.store.outbox import Claimed
 
 
 class BatchWrites:

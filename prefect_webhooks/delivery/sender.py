@@ -16,13 +16,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from prefect_webhooks.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
-from prefect_webhooks.destinations import ResolvedDestination
-from prefect_webhooks.network import BlockedAddressError, delivery_connector
-from prefect_webhooks.outcomes import PERMANENT, RETRY
-from prefect_webhooks.retry import RETRY_AFTER_STATUSES, classify_status
+from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
+from prefect_webhooks.delivery.destinations import ResolvedDestination
+from prefect_webhooks.delivery.network import BlockedAddressError, delivery_connector
+from prefect_webhooks.messages.outcomes import PERMANENT, RETRY
+from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
-from prefect_webhooks.store import store_now
+from prefect_webhooks.store.tables import store_now
 
 # aiohttp's timeouts raise asyncio.TimeoutError, which is the builtin TimeoutError only from Python 3.11 on.
 TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)

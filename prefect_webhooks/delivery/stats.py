@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefect_webhooks.delivery.sender import RequestResult, display_url
-from prefect_webhooks.outcomes import DELIVERED, RETRY
+from prefect_webhooks.messages.outcomes import DELIVERED, RETRY
 
 
 @dataclass

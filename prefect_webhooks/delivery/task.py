@@ -17,7 +17,7 @@ from prefect.tasks import exponential_backoff
 
 from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext
-from prefect_webhooks.retry import JITTER, RetryableDeliveryError, is_retryable_delivery_error
+from prefect_webhooks.messages.retry import JITTER, RetryableDeliveryError, is_retryable_delivery_error
 from prefect_webhooks.settings import WebhooksSettings
 
 

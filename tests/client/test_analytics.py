@@ -27,10 +27,11 @@ from sqlalchemy import select
 
 from prefect_webhooks import Alias, Analytics, AnalyticsError, Group, Identify, Page, Screen, Track
 from prefect_webhooks.client import UploadError
-from prefect_webhooks.messages import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
+from prefect_webhooks.messages.model import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
+from prefect_webhooks.messages.timestamps import parse_timestamp
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store import OutboxMessage, get_engine
-from prefect_webhooks.timestamps import parse_timestamp
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.tables import OutboxMessage
 from tests.receivers import ReceivedRequest, Receiver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -554,7 +555,7 @@ def test_debug_env_logs_without_the_write_key(receiver: Receiver) -> None:
 
 
 def test_from_source_uses_the_blocks_write_key(prefect_harness: None, receiver: Receiver) -> None:
-    from prefect_webhooks.blocks import Source
+    from prefect_webhooks.blocks.source import Source
 
     name = f"client-test-{uuid.uuid4().hex[:8]}"
     Source(write_key="wk_from_block", destinations=[]).save(name)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from prefect_webhooks.client.batching import MessageQueue, encode_batch
 from prefect_webhooks.client.errors import QueueFullError
-from prefect_webhooks.messages import MAX_BATCH_BYTES
+from prefect_webhooks.messages.model import MAX_BATCH_BYTES
 
 
 def message(size: int) -> bytes:

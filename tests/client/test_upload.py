@@ -1,5 +1,5 @@
 """Uploading one batch: the client's retry bounds and what fails at once (the retry rules themselves are
-tests/test_retry.py; retries against a misbehaving server are in test_analytics.py)."""
+tests/messages/test_retry.py; retries against a misbehaving server are in test_analytics.py)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 from sqlalchemy import func, select
 
-from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
+from prefect_webhooks.store.engines import get_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_CODE = "from tests.faults import worker_main; worker_main()"
@@ -30,7 +31,7 @@ WORKER_CODE = "from tests.faults import worker_main; worker_main()"
 
 def worker_main() -> None:
     """Deliver until nothing is due for a while (``WORKER_RUN_SECONDS`` at most), then print the stats."""
-    from prefect_webhooks.blocks import WebhookDestination
+    from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
     from prefect_webhooks.settings import get_settings
 
@@ -104,7 +105,7 @@ class Accounting:
 
 def accounting(sent: int, received: Counter[str] | None = None, url: str | None = None) -> Accounting:
     """Count the outbox by state (and the receiver's copies when given)."""
-    from prefect_webhooks.outbox import OUTBOX
+    from prefect_webhooks.store.outbox import OUTBOX
 
     with get_engine(url).connect() as connection:
         states = dict(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())

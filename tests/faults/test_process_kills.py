@@ -17,13 +17,14 @@ import pytest
 from prefect.settings import PREFECT_API_URL
 from sqlalchemy import func, select
 
-from prefect_webhooks.blocks import WebhookDestination
-from prefect_webhooks.outbox import OUTBOX, enqueue
-from prefect_webhooks.store import PENDING, get_engine
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.messages.outcomes import PENDING
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
 from tests.faults import accounting, received_ids, start_worker, worker_result
 from tests.receivers import Receiver
 from tests.servers import free_port, ingest_api_process, save_source
-from tests.test_message_headers import libraries_accept
+from tests.signing.test_headers import libraries_accept
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,12 @@ import pytest
 from prefect import get_client
 from sqlalchemy import select, update
 
-from prefect_webhooks.deletions import request_deletion, user_reference
+from prefect_webhooks.deletions.requests import request_deletion, user_reference
 from prefect_webhooks.flows.deletions import ARTIFACT_KEY, deletions
-from prefect_webhooks.outbox import enqueue
-from prefect_webhooks.store import DELIVERED, OutboxMessage, SuppressedUser, get_engine
+from prefect_webhooks.messages.outcomes import DELIVERED
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.tables import OutboxMessage, SuppressedUser
 from tests.servers import save_destination, save_source, task_names
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

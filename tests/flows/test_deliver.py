@@ -26,11 +26,12 @@ from prefect.events.worker import EventsWorker
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a pytest fixture)
 from sqlalchemy import select
 
-from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.flows.deliver import deliver
-from prefect_webhooks.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
 from tests.receivers import Receiver
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -236,9 +237,9 @@ async def test_continuous_mode_keeps_delivering(settings_env: Any) -> None:
 
 DELIVER_SCRIPT = """
 import asyncio, sys
-from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.store import get_engine
+from prefect_webhooks.store.engines import get_engine
 
 async def main() -> None:
     async with Sender() as sender:

@@ -11,10 +11,11 @@ import pytest
 from prefect.client.orchestration import get_client
 from sqlalchemy import select
 
-from prefect_webhooks.blocks import Source
+from prefect_webhooks.blocks.saved import save_block
+from prefect_webhooks.blocks.source import Source
 from prefect_webhooks.flows.ingest import ingest, load_calls, record_to_call
-from prefect_webhooks.saved_blocks import save_block
-from prefect_webhooks.store import OutboxMessage, get_engine
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.tables import OutboxMessage
 
 OUTBOX = OutboxMessage.__table__
 

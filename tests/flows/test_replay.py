@@ -11,12 +11,13 @@ import pytest
 from prefect import get_client
 from sqlalchemy import select, update
 
-from prefect_webhooks.blocks import WebhookDestination
+from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.flows.replay import replay
-from prefect_webhooks.outbox import OUTBOX, enqueue
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store import DELIVERED, FAILED, PENDING, get_engine
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

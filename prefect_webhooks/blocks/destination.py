@@ -1,0 +1,271 @@
+"""Prefect blocks: where a destination's endpoints and a source's write key are kept (an endpoint's URL and headers
+are checked in ``webhook_endpoint``)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from prefect._internal.compatibility.async_dispatch import async_dispatch
+from prefect.blocks.core import Block
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from prefect_webhooks.blocks.endpoint import WebhookEndpoint
+from prefect_webhooks.blocks.filter_rules import FilterRule, check_rules
+from prefect_webhooks.blocks.saved import save_block
+from prefect_webhooks.signing.signatures import decode_secret, generate_secret
+
+MAX_ENDPOINTS = 5
+# Prefect's own webhook block logo: a real, square PNG the UI can show.
+LOGO_URL = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/webhook.png"
+DOCS_URL = "https://github.com/prefect-webhooks/prefect-webhooks#readme"
+
+# How long a rotated-out secret stays valid by default (as Svix keeps an old endpoint secret).
+DEFAULT_ROTATION_WINDOW = timedelta(hours=24)
+
+
+class WebhookDestination(Block):
+    """A customer's webhook destination: one to five endpoint URLs and an optional shared secret.
+
+    A message is posted to every URL; once any one answers 2xx it counts as delivered. Every request carries the
+    message's stable id (``Idempotency-Key``, or ``webhook-id`` with Standard Webhooks on) so a receiver can drop
+    the rare duplicate of at-least-once delivery. With a shared secret every request carries ``X-Signature``, the
+    hex HMAC-SHA1 of the body; with ``standard_webhooks`` also ``webhook-id``, ``webhook-timestamp`` and
+    ``webhook-signature``. ``rotate_secret`` replaces the secret with no downtime, and ``filters`` drop messages
+    before they are sent.
+
+    Attributes:
+        endpoints: One to five endpoints, each a URL with optional static headers.
+        shared_secret: Key of the ``X-Signature`` HMAC (and of ``webhook-signature``); no signature when unset.
+        standard_webhooks: Also sign the Standard Webhooks way; the secret must be in the ``whsec_`` format.
+        x_signature: Send ``X-Signature`` when a shared secret is set.
+        previous_secret: The secret a rotation replaced, still signing until ``previous_secret_expires_at``.
+        previous_secret_expires_at: End of the rotation window.
+        filters: Rules that drop messages, or allow only some, before they are sent.
+
+    Example:
+        Load a saved destination:
+        ```python
+        from prefect_webhooks.blocks.destination import WebhookDestination
+
+        destination = WebhookDestination.load("BLOCK_NAME")
+        ```
+
+        Create one:
+        ```python
+        from prefect_webhooks.blocks.destination import WebhookDestination
+
+        WebhookDestination(
+            endpoints=[{"url": "https://hooks.example.com/in", "headers": {"Authorization": "Bearer abc"}}],
+            shared_secret="s3cret",
+        ).save("crm-webhooks")
+        ```
+    """
+
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    _block_type_name = "Webhook Destination"
+    _block_type_slug = "webhook-destination"
+    _logo_url = LOGO_URL
+    _documentation_url = DOCS_URL
+
+    endpoints: list[WebhookEndpoint] = Field(
+        min_length=1,
+        max_length=MAX_ENDPOINTS,
+        description="One to five endpoints; each is a full http(s) URL with optional static headers.",
+    )
+    shared_secret: SecretStr | None = Field(
+        default=None,
+        description=(
+            "When set, each request carries X-Signature: the hex HMAC-SHA1 of the body keyed by it. With Standard "
+            "Webhooks on it also keys webhook-signature and must be whsec_ followed by base64 of 24 to 64 bytes."
+        ),
+    )
+    standard_webhooks: bool = Field(
+        default=False,
+        description=(
+            "Also sign each request the Standard Webhooks way: webhook-id, webhook-timestamp and webhook-signature "
+            "(v1, base64 HMAC-SHA256 of id.timestamp.body)."
+        ),
+    )
+    x_signature: bool = Field(
+        default=True,
+        description="Send X-Signature when a shared secret is set; turn off to sign with Standard Webhooks only.",
+    )
+    previous_secret: SecretStr | None = Field(
+        default=None,
+        description=(
+            "The secret the last rotation replaced: it keeps signing X-Signature, and signs webhook-signature next "
+            "to the new secret, until previous_secret_expires_at."
+        ),
+    )
+    previous_secret_expires_at: datetime | None = Field(
+        default=None,
+        description="End of the rotation window; then only the shared secret signs and the previous one is removed.",
+    )
+    filters: list[FilterRule] = Field(
+        default_factory=list,
+        description="Destination filter rules, checked in order: drop matching messages, or allow only matching ones.",
+    )
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _count_endpoints(cls, value: Any) -> Any:
+        if isinstance(value, list) and not 1 <= len(value) <= MAX_ENDPOINTS:
+            raise ValueError(f"a destination has 1 to {MAX_ENDPOINTS} endpoints, got {len(value)}")
+        return value
+
+    @field_validator("previous_secret_expires_at")
+    @classmethod
+    def _aware_utc(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_secrets(self) -> WebhookDestination:
+        # Messages name the field and what is wrong, never the secret (hide_input_in_errors keeps it out too).
+        if self.standard_webhooks:
+            if self.shared_secret is None:
+                raise ValueError(
+                    "shared_secret: Standard Webhooks signing needs a shared secret in the whsec_ format "
+                    "(WebhookDestination.generate_secret() makes one)"
+                )
+            try:
+                decode_secret(self.shared_secret.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"shared_secret: {exc}") from None
+        if self.previous_secret is not None:
+            if self.shared_secret is None:
+                raise ValueError("previous_secret: kept only during a rotation, next to a shared_secret")
+            if self.previous_secret_expires_at is None:
+                raise ValueError("previous_secret: needs previous_secret_expires_at, the end of the rotation window")
+        elif self.previous_secret_expires_at is not None:
+            raise ValueError("previous_secret_expires_at: set only together with previous_secret")
+        check_rules(self.filters)
+        return self
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The block schema, with the whole ``endpoints`` list declared secret.
+
+        Prefect's API masks secret fields by flattening nested dicts but never descends into lists, so the
+        ``endpoints.headers.*`` it derives would return header values in the clear. Masking the list keeps header
+        values (and URL tokens) out of API reads; ``load`` still returns everything.
+        """
+        schema = super().model_json_schema(*args, **kwargs)
+        secret_fields = schema.setdefault("secret_fields", [])
+        if "endpoints.*" not in secret_fields:
+            secret_fields.append("endpoints.*")
+        return schema
+
+    def secret(self) -> str | None:
+        """The shared secret in the clear, or None."""
+        return self.shared_secret.get_secret_value() if self.shared_secret else None
+
+    @staticmethod
+    def generate_secret() -> str:
+        """A new random secret (``whsec_`` + base64 of 32 bytes): valid for X-Signature and Standard Webhooks."""
+        return generate_secret()
+
+    def rotation_active(self, now: datetime | None = None) -> bool:
+        """Whether a previous secret is still within its rotation window at ``now`` (default: the current time)."""
+        if self.previous_secret is None or self.previous_secret_expires_at is None:
+            return False
+        return (now or datetime.now(timezone.utc)) < self.previous_secret_expires_at
+
+    def _rotated(
+        self, new_secret: str | SecretStr | None, window: timedelta | float, force: bool
+    ) -> tuple[WebhookDestination, str]:
+        """A copy of this block with ``new_secret`` current and the old one kept for ``window``; and its name."""
+        name = self._block_document_name
+        if not name:
+            raise ValueError("save the destination before rotating its secret (the rotation is saved under its name)")
+        if isinstance(new_secret, SecretStr):
+            new_secret = new_secret.get_secret_value()
+        new_secret = generate_secret() if new_secret is None else new_secret
+        if not new_secret:
+            raise ValueError("new_secret: must not be empty")
+        window = window if isinstance(window, timedelta) else timedelta(seconds=window)
+        if window < timedelta(0):
+            raise ValueError("window: must not be negative")
+        now = datetime.now(timezone.utc)
+        current = self.secret()
+        if current is not None and new_secret == current:
+            raise ValueError("new_secret: is the current shared secret")
+        if self.rotation_active(now) and not force:
+            assert self.previous_secret_expires_at is not None
+            raise ValueError(
+                f"a rotation of {name!r} is in progress until {self.previous_secret_expires_at.isoformat()}; rotate "
+                "again after it ends, or pass force=True to drop the older secret now"
+            )
+        keep_previous = current is not None and window > timedelta(0)
+        rotated = self.model_copy(update={
+            "shared_secret": SecretStr(new_secret),
+            "previous_secret": SecretStr(current) if keep_previous else None,
+            "previous_secret_expires_at": now + window if keep_previous else None,
+        })
+        rotated._consistent_secrets()
+        return rotated, name
+
+    def _adopt(self, rotated: WebhookDestination) -> None:
+        self.shared_secret = rotated.shared_secret
+        self.previous_secret = rotated.previous_secret
+        self.previous_secret_expires_at = rotated.previous_secret_expires_at
+
+    async def arotate_secret(
+        self,
+        new_secret: str | SecretStr | None = None,
+        *,
+        window: timedelta | float = DEFAULT_ROTATION_WINDOW,
+        force: bool = False,
+    ) -> SecretStr:
+        """Replace the shared secret with no downtime and save the block: the async form of ``rotate_secret``, which
+        describes the arguments.
+
+        Returns:
+            The new secret.
+        """
+        rotated, name = self._rotated(new_secret, window, force)
+        await save_block(rotated, name, overwrite=True)
+        self._adopt(rotated)
+        assert rotated.shared_secret is not None
+        return rotated.shared_secret
+
+    @async_dispatch(arotate_secret)
+    def rotate_secret(
+        self,
+        new_secret: str | SecretStr | None = None,
+        *,
+        window: timedelta | float = DEFAULT_ROTATION_WINDOW,
+        force: bool = False,
+    ) -> SecretStr:
+        """Replace the shared secret with no downtime and save the block.
+
+        Dispatches to ``arotate_secret`` when called from an async context, as ``save`` does.
+
+        Args:
+            new_secret: The new secret; a generated ``whsec_`` secret when None.
+            window: How long the old secret stays valid (a timedelta or seconds; 24 h by default). During it
+                ``X-Signature`` is still made with the old secret and ``webhook-signature`` carries both; at its end
+                the new secret takes over and the old one is removed from the saved block. ``0`` switches at once
+                (a leaked secret).
+            force: Start a new rotation even while one is in progress (the oldest secret is dropped at once).
+
+        Returns:
+            The new secret.
+
+        Example:
+            ```python
+            from prefect_webhooks.blocks.destination import WebhookDestination
+
+            destination = WebhookDestination.load("BLOCK_NAME")
+            new_secret = destination.rotate_secret(window=3600)
+            ```
+        """
+        rotated, name = self._rotated(new_secret, window, force)
+        rotated.save(name, overwrite=True, _sync=True)
+        self._adopt(rotated)
+        assert rotated.shared_secret is not None
+        return rotated.shared_secret
+

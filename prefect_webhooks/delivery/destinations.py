@@ -1,0 +1,116 @@
+"""Destinations by name: saved ``WebhookDestination`` blocks, loaded with a short cache.
+
+Outbox rows name their destination block, so an edit to the saved block (new URL, header or secret) reaches every
+batch that starts after the cache entry ages out (``block_cache_seconds``).
+
+A block that does not exist fails its messages permanently (``permanent: destination block 'x' not found``): the
+outbox cannot deliver to an unknown place and retrying for four hours would only hide the mistake; ``replay`` puts
+them back once the block is saved. Any other error while loading (Prefect API unreachable…) is transient: the
+messages are retried.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.saved import is_missing_block, load_block
+from prefect_webhooks.delivery.filters import Filters, compile_filters
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.signing.headers import MessageSigner
+from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
+
+USER_AGENT = "prefect-webhooks/1.0"
+
+
+class DestinationNotFound(LookupError):
+    """No saved WebhookDestination block has this name."""
+
+
+class InvalidDestination(ValueError):
+    """A saved block that does not validate (e.g. a filter rule saved through the API with an unknown field).
+
+    Its messages wait (they are retried) until the block is fixed; the message says what is wrong, never a value.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One URL ready to post to: the headers every request carries (static ones included)."""
+
+    url: str
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedDestination:
+    """A destination block reduced to what sending needs."""
+
+    name: str
+    endpoints: tuple[Endpoint, ...]
+    signer: MessageSigner
+    filters: Filters | None = None
+
+
+def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
+    """Prepare a loaded block for sending: fixed headers per endpoint, its signer (secrets in the clear), its
+    compiled filters."""
+    endpoints = []
+    for endpoint in block.endpoints:
+        headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
+        headers.update(endpoint.header_values())
+        headers.pop(SIGNATURE_HEADER, None)
+        endpoints.append(Endpoint(url=endpoint.url, headers=headers))
+    return ResolvedDestination(name=name, endpoints=tuple(endpoints), signer=MessageSigner.for_block(block),
+                               filters=compile_filters(block.filters))
+
+
+def _problems(error: ValidationError) -> str:
+    # The block hides inputs in its errors, so locations and reasons are safe to show.
+    return "; ".join(f"{'.'.join(map(str, item['loc'])) or 'block'}: {item['msg']}"
+                     for item in error.errors(include_input=False, include_url=False))
+
+
+class DestinationCache:
+    """Loads destination blocks by name and keeps each for ``ttl`` seconds."""
+
+    def __init__(self, ttl: float | None = None) -> None:
+        self.ttl = get_settings().delivery.block_cache_seconds if ttl is None else ttl
+        self._entries: dict[str, tuple[float, ResolvedDestination]] = {}
+
+    async def get(self, name: str) -> ResolvedDestination:
+        """The destination named ``name``, from the cache while fresh.
+
+        Raises:
+            DestinationNotFound: no block of that name is saved.
+        """
+        entry = self._entries.get(name)
+        if entry is not None and (entry[0] == float("inf") or time.monotonic() - entry[0] < self.ttl):
+            return entry[1]
+        try:
+            block = await load_block(WebhookDestination, name)
+        except Exception as exc:
+            if is_missing_block(exc):
+                raise DestinationNotFound(name) from None
+            # Prefect wraps a failed validation in a RuntimeError.
+            if isinstance(exc.__cause__, ValidationError):
+                raise InvalidDestination(f"destination block {name!r} is invalid: {_problems(exc.__cause__)}") from None
+            raise
+        resolved = resolve(name, block)
+        self._entries[name] = (time.monotonic(), resolved)
+        return resolved
+
+    def remember(self, name: str, block: WebhookDestination) -> ResolvedDestination:
+        """Use ``block`` for ``name`` without loading it (an unsaved block: benchmarks, embedded use)."""
+        resolved = resolve(name, block)
+        # An explicitly given block stays until forgotten, whatever the TTL.
+        self._entries[name] = (float("inf"), resolved)
+        return resolved
+
+    def names_for_url(self, url: str) -> list[str]:
+        """The cached destinations that post to ``url``."""
+        return [name for name, (_, resolved) in self._entries.items()
+                if any(endpoint.url == url for endpoint in resolved.endpoints)]

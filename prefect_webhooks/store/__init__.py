@@ -1,0 +1,46 @@
+"""The store: the source of truth for every message. It takes in outbox rows (from ingestion, audience syncs and
+deletions, through ``outbox.enqueue``/``add_to_outbox``, in the caller's transaction) and hands them on to delivery
+as leased claims (``outbox.claim_due_deliveries``), then keeps each attempt and outcome (``outbox.record_outcomes``).
+``tables`` defines the schema, ``engines`` opens SQLite (WAL, the default) or PostgreSQL and creates the schema
+idempotently, and ``metrics`` reads the backlog and totals for ``/metrics``, ``/health/backlog`` and ``status``.
+"""
+
+from prefect_webhooks.store.engines import create_schema, dispose_engines, get_engine, insert_rows, store_key
+from prefect_webhooks.store.metrics import backlog_snapshot
+from prefect_webhooks.store.outbox import add_to_outbox, claim_due_deliveries, enqueue, record_outcomes, replay_failed
+from prefect_webhooks.store.tables import (
+    Audience,
+    AudienceState,
+    DeletionRequest,
+    DeliveryAttempt,
+    OutboxMessage,
+    SeenMessage,
+    StoreIdentity,
+    SuppressedUser,
+    store_now,
+    to_store_time,
+)
+
+__all__ = [
+    "Audience",
+    "AudienceState",
+    "DeletionRequest",
+    "DeliveryAttempt",
+    "OutboxMessage",
+    "SeenMessage",
+    "StoreIdentity",
+    "SuppressedUser",
+    "add_to_outbox",
+    "backlog_snapshot",
+    "claim_due_deliveries",
+    "create_schema",
+    "dispose_engines",
+    "enqueue",
+    "get_engine",
+    "insert_rows",
+    "record_outcomes",
+    "replay_failed",
+    "store_key",
+    "store_now",
+    "to_store_time",
+]

@@ -1,0 +1,384 @@
+"""The outbox: how messages enter the store for delivery.
+
+``enqueue`` is the one entry point ingestion, audience syncs and deletions use; ``add_to_outbox`` does the same
+inside a caller's transaction so a caller's own writes (dedupe keys, audience state) commit together with the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy.engine import Connection, Engine
+
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING, Delivered, OutcomeRecords
+from prefect_webhooks.messages.payloads import serialize
+from prefect_webhooks.messages.retry import RETRY_AFTER_REASON
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine, insert_rows
+from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
+
+OUTBOX = OutboxMessage.__table__
+ATTEMPTS = DeliveryAttempt.__table__
+
+
+def payload_user(payload: dict[str, Any]) -> str | None:
+    """The user an outbound message is about (alias: the new id)."""
+    return payload.get("userId") or payload.get("User ID") or payload.get("anonymousId")
+
+
+def outbox_row(
+    destination: str, payload: dict[str, Any], *, source: str | None, message_id: str | None, stored_at: datetime
+) -> dict[str, Any]:
+    """One row for ``payload`` bound to ``destination``, due at ``stored_at`` (naive UTC); the body serialised here."""
+    return {
+        "destination": destination,
+        "source": source,
+        "message_type": payload["type"],
+        "message_id": message_id,
+        "user_id": payload_user(payload),
+        "body": serialize(payload),
+        "state": PENDING,
+        "attempts": 0,
+        "created_at": stored_at,
+        "next_attempt_at": stored_at,
+    }
+
+
+def outbox_rows(
+    destination: str,
+    payloads: Iterable[dict[str, Any]],
+    *,
+    source: str | None = None,
+    message_ids: Sequence[str | None] | None = None,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Rows for ``payloads`` bound to ``destination``, due at once; each body serialised here, once."""
+    stored_at = to_store_time(now) if now else store_now()
+    return [
+        outbox_row(destination, payload, source=source, message_id=message_ids[index] if message_ids else None,
+                   stored_at=stored_at)
+        for index, payload in enumerate(payloads)
+    ]
+
+
+def add_to_outbox(connection: Connection, rows: Sequence[dict[str, Any]]) -> int:
+    """Insert prepared rows (all of one shape, as ``outbox_rows`` makes them) in the caller's transaction."""
+    return insert_rows(connection, OUTBOX, rows)
+
+
+def enqueue(
+    destination: str,
+    payloads: Sequence[dict[str, Any]],
+    *,
+    source: str | None = None,
+    engine: Engine | None = None,
+) -> int:
+    """Put outbound messages for one destination into the outbox, committed before returning.
+
+    Args:
+        destination: Name of a saved ``WebhookDestination`` block.
+        payloads: Outbound messages (see ``prefect_webhooks.messages.payloads``).
+        source: Name of the Source block they came from, if any.
+        engine: The store; the configured one by default.
+
+    Returns:
+        The number of rows written.
+    """
+    engine = engine or get_engine()
+    with engine.begin() as connection:
+        return add_to_outbox(connection, outbox_rows(destination, payloads, source=source))
+
+
+@dataclass(slots=True)
+class Claimed:
+    """An outbox row leased by a delivery process: what it needs to send it and decide its fate."""
+
+    id: int
+    destination: str
+    body: bytes
+    attempts: int
+    first_attempt_at: datetime | None
+    next_attempt_at: datetime
+    reason: str | None = None
+
+
+_CLAIMED_COLUMNS = (
+    OUTBOX.c.id,
+    OUTBOX.c.destination,
+    OUTBOX.c.body,
+    OUTBOX.c.attempts,
+    OUTBOX.c.first_attempt_at,
+    OUTBOX.c.next_attempt_at,
+    OUTBOX.c.reason,
+)
+
+
+def _claimed(row: Any) -> Claimed:
+    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6])
+
+
+def claim_due_deliveries(
+    engine: Engine,
+    limit: int,
+    owner: str,
+    destination: str | None = None,
+    *,
+    lease_seconds: float | None = None,
+) -> list[Claimed]:
+    """Lease up to ``limit`` due pending rows for ``owner`` in one statement, oldest due first.
+
+    A row is due when it is pending, its ``next_attempt_at`` has come and no live lease holds it. A killed
+    process's rows come back once their lease expires, so delivery is at-least-once. PostgreSQL skips rows
+    another claimer has locked; SQLite serialises writers, so the single statement is already atomic.
+
+    Args:
+        engine: The store.
+        limit: Most rows to claim.
+        owner: The claimer's id, written to ``lease_owner``.
+        destination: Only rows for this destination block name; all destinations when None.
+        lease_seconds: Lease length; ``settings.delivery.lease_seconds`` by default.
+
+    Returns:
+        The claimed rows (any order).
+    """
+    now = store_now()
+    lease = lease_seconds if lease_seconds is not None else get_settings().delivery.lease_seconds
+    due = (
+        select(OUTBOX.c.id)
+        .where(
+            OUTBOX.c.state == PENDING,
+            OUTBOX.c.next_attempt_at <= now,
+            or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+        )
+        .order_by(OUTBOX.c.next_attempt_at)
+        .limit(limit)
+    )
+    if destination is not None:
+        due = due.where(OUTBOX.c.destination == destination)
+    if engine.dialect.name == "postgresql":
+        due = due.with_for_update(skip_locked=True)
+    statement = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(due.scalar_subquery()))
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease))
+        .returning(*_CLAIMED_COLUMNS)
+    )
+    with engine.begin() as connection:
+        return [_claimed(row) for row in connection.execute(statement)]
+
+
+def leased_rows(engine: Engine, ids: Sequence[int], owner: str) -> list[Claimed]:
+    """The rows among ``ids`` that are still pending and leased by ``owner`` (a task retry re-reads these)."""
+    if not ids:
+        return []
+    statement = select(*_CLAIMED_COLUMNS).where(
+        OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner
+    )
+    with engine.connect() as connection:
+        return [_claimed(row) for row in connection.execute(statement)]
+
+
+def extend_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetime) -> int:
+    """Push the lease of ``owner``'s pending rows among ``ids`` to ``until``; returns how many."""
+    if not ids:
+        return 0
+    statement = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
+        .values(lease_expires_at=until)
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | None = None) -> int:
+    """Make the waiting messages of ``destinations`` due now (the first ``limit`` to come due, or all).
+
+    Messages put off by a retry backoff are brought forward when their endpoint is known to answer again (a circuit
+    breaker probe succeeded), or one of them is, to carry the probe. Rows under a live lease (an in-process retry)
+    and rows whose next attempt a receiver's ``Retry-After`` set are left alone; the deadline and attempt count stay
+    as they are.
+
+    Returns:
+        How many rows were brought forward.
+    """
+    if not destinations:
+        return 0
+    now = store_now()
+    waiting = (
+        select(OUTBOX.c.id)
+        .where(
+            OUTBOX.c.destination.in_(list(destinations)),
+            OUTBOX.c.state == PENDING,
+            OUTBOX.c.next_attempt_at > now,
+            or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+            or_(OUTBOX.c.reason.is_(None), OUTBOX.c.reason.not_like(f"%{RETRY_AFTER_REASON}%")),
+        )
+        .order_by(OUTBOX.c.next_attempt_at)
+    )
+    if limit is not None:
+        waiting = waiting.limit(limit)
+    statement = update(OUTBOX).where(OUTBOX.c.id.in_(waiting.scalar_subquery())).values(next_attempt_at=now)
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+def release_leases(engine: Engine, ids: Sequence[int], owner: str) -> int:
+    """Give up ``owner``'s lease on pending rows among ``ids`` so any run may claim them when due."""
+    if not ids:
+        return 0
+    statement = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None)
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount
+
+
+# One executemany statement per kind of outcome; ``b_`` names keep bind parameters apart from columns.
+_MARK_DELIVERED = (
+    update(OUTBOX)
+    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
+    .values(
+        state=DELIVERED,
+        reason=None,
+        attempts=bindparam("b_attempts"),
+        first_attempt_at=bindparam("b_first_attempt_at"),
+        delivered_at=bindparam("b_at"),
+        delivered_url=bindparam("b_url"),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+)
+_MARK_FAILED = (
+    update(OUTBOX)
+    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
+    .values(
+        state=FAILED,
+        reason=bindparam("b_reason"),
+        attempts=bindparam("b_attempts"),
+        first_attempt_at=bindparam("b_first_attempt_at"),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+)
+_RESCHEDULE = (
+    update(OUTBOX)
+    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
+    .values(
+        reason=bindparam("b_reason"),
+        attempts=bindparam("b_attempts"),
+        first_attempt_at=bindparam("b_first_attempt_at"),
+        next_attempt_at=bindparam("b_next_attempt_at"),
+        lease_owner=bindparam("b_lease_owner"),
+        lease_expires_at=bindparam("b_lease_expires_at"),
+    )
+)
+
+
+def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
+    """Write one batch's results in one transaction: bulk updates per kind of outcome and the attempt log."""
+    with engine.begin() as connection:
+        insert_rows(connection, ATTEMPTS, [
+            {"outbox_id": a.outbox_id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
+             "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome} for a in records.attempts])
+        for group in _same_values(records.delivered):
+            if len(group) == 1:
+                (row,) = group
+                connection.execute(_MARK_DELIVERED, {"b_id": row.id, "b_attempts": row.attempts,
+                                                     "b_first_attempt_at": row.first_attempt_at, "b_at": row.at,
+                                                     "b_url": row.url})
+                continue
+            # One statement for rows that get the same values: far cheaper than executemany on a full batch.
+            first = group[0]
+            connection.execute(
+                update(OUTBOX)
+                .where(OUTBOX.c.id.in_([row.id for row in group]), OUTBOX.c.state == PENDING)
+                .values(state=DELIVERED, reason=None, attempts=first.attempts, first_attempt_at=first.first_attempt_at,
+                        delivered_at=first.at, delivered_url=first.url, lease_owner=None, lease_expires_at=None)
+            )
+        if records.failed:
+            connection.execute(_MARK_FAILED, [
+                {"b_id": row.id, "b_reason": row.reason, "b_attempts": row.attempts,
+                 "b_first_attempt_at": row.first_attempt_at} for row in records.failed])
+        if records.rescheduled:
+            connection.execute(_RESCHEDULE, [
+                {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
+                 "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
+                 "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled])
+        by_reason: dict[str, list[int]] = {}
+        for row in records.filtered:
+            by_reason.setdefault(row.reason, []).append(row.id)
+        for reason, ids in by_reason.items():
+            # Many rows share a rule: one statement per rule.
+            connection.execute(
+                update(OUTBOX)
+                .where(OUTBOX.c.id.in_(ids), OUTBOX.c.state == PENDING)
+                .values(state=FILTERED, reason=reason, lease_owner=None, lease_expires_at=None)
+            )
+
+
+def _same_values(rows: Sequence[Delivered]) -> list[list[Delivered]]:
+    """Delivered rows grouped by every value but the id, in first-seen order."""
+    groups: dict[tuple[Any, ...], list[Delivered]] = {}
+    for row in rows:
+        groups.setdefault((row.attempts, row.first_attempt_at, row.at, row.url), []).append(row)
+    return list(groups.values())
+
+
+def replay_failed(
+    destination: str,
+    *,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    reason_prefix: str | None = None,
+    filtered: bool = False,
+    engine: Engine | None = None,
+) -> int:
+    """Put ``failed`` (or ``filtered``) rows of a destination back to pending, due now, with a fresh deadline.
+
+    The first attempt time and the attempt counter are reset, so the backoff starts again and the message gets
+    a full ``max_retry_age`` from its next attempt; the ``delivery_attempts`` log keeps the history.
+
+    Args:
+        destination: The destination block name.
+        created_after: Only rows created at or after this time.
+        created_before: Only rows created before this time.
+        reason_prefix: Only rows whose reason starts with this (e.g. ``"expired"`` or ``"permanent: HTTP 410"``).
+        filtered: Put back rows a destination filter dropped instead of failed ones (after a rule was changed:
+            the destination's current rules apply to them again).
+        engine: The store; the configured one by default.
+
+    Returns:
+        How many rows were put back.
+    """
+    engine = engine or get_engine()
+    # A row whose body a deletion request purged has nothing left to send: it stays failed.
+    state = FILTERED if filtered else FAILED
+    conditions = [OUTBOX.c.destination == destination, OUTBOX.c.state == state, OUTBOX.c.body.is_not(None)]
+    if created_after is not None:
+        conditions.append(OUTBOX.c.created_at >= to_store_time(created_after))
+    if created_before is not None:
+        conditions.append(OUTBOX.c.created_at < to_store_time(created_before))
+    if reason_prefix:
+        conditions.append(OUTBOX.c.reason.startswith(reason_prefix, autoescape=True))
+    statement = (
+        update(OUTBOX)
+        .where(and_(*conditions))
+        .values(
+            state=PENDING,
+            reason=None,
+            attempts=0,
+            first_attempt_at=None,
+            next_attempt_at=store_now(),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    with engine.begin() as connection:
+        return connection.execute(statement).rowcount

@@ -1,0 +1,153 @@
+"""The store's tables: every message, attempt, audience state and deletion request, and how times are kept.
+
+One schema for SQLite and PostgreSQL; ``engines`` creates it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import NaiveDatetime
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary
+from sqlmodel import Field, SQLModel
+
+from prefect_webhooks.messages.outcomes import PENDING
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
+BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+# Times are kept as naive UTC (NaiveDatetime columns): one representation on SQLite and PostgreSQL.
+
+
+class OutboxMessage(SQLModel, table=True):
+    """One outbound message for one destination: a row before its first attempt, then its outcome."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        Index("ix_outbox_due", "state", "next_attempt_at"),
+        Index("ix_outbox_destination_state", "destination", "state"),
+        Index("ix_outbox_user", "user_id"),
+    )
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BIG_ID, primary_key=True, autoincrement=True)
+    )
+    destination: str = Field(max_length=255, description="Name of the WebhookDestination block.")
+    source: str | None = Field(default=None, max_length=255, description="Name of the Source block it came from.")
+    message_type: str = Field(max_length=16)
+    message_id: str | None = Field(default=None, max_length=1024)
+    user_id: str | None = Field(default=None, max_length=1024)
+    body: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    state: str = Field(default=PENDING, max_length=16)
+    reason: str | None = Field(default=None)
+    attempts: int = Field(default=0)
+    created_at: NaiveDatetime
+    first_attempt_at: NaiveDatetime | None = None
+    next_attempt_at: NaiveDatetime
+    lease_owner: str | None = Field(default=None, max_length=64)
+    lease_expires_at: NaiveDatetime | None = None
+    delivered_at: NaiveDatetime | None = None
+    delivered_url: str | None = None
+
+
+class StoreIdentity(SQLModel, table=True):
+    """One row: a random key naming this store, so message ids stay unique across stores (see ``store_key``)."""
+
+    __tablename__ = "store_identity"
+
+    id: int = Field(default=1, primary_key=True)
+    key: str = Field(max_length=32)
+
+
+class DeliveryAttempt(SQLModel, table=True):
+    """One HTTP request (or refusal to send one) to one endpoint URL."""
+
+    __tablename__ = "delivery_attempts"
+    __table_args__ = (Index("ix_attempts_outbox", "outbox_id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(BIG_ID, primary_key=True, autoincrement=True))
+    outbox_id: int = Field(sa_column=Column(BigInteger, nullable=False))
+    attempted_at: NaiveDatetime
+    url: str
+    status_code: int | None = None
+    error: str | None = None
+    latency_ms: float = 0.0
+    outcome: str = Field(max_length=16, description="delivered, retry or permanent.")
+
+
+class SeenMessage(SQLModel, table=True):
+    """A messageId accepted from a source, remembered for the dedupe window."""
+
+    __tablename__ = "seen_messages"
+    __table_args__ = (Index("ix_seen_received", "received_at"),)
+
+    source: str = Field(primary_key=True, max_length=255)
+    message_id: str = Field(primary_key=True, max_length=1024)
+    received_at: NaiveDatetime
+
+
+class Audience(SQLModel, table=True):
+    """An audience or computed trait; ``key`` is fixed at creation."""
+
+    __tablename__ = "audiences"
+
+    key: str = Field(primary_key=True, max_length=255)
+    name: str
+    kind: str = Field(default="audience", max_length=32, description="audience or computed_trait.")
+    sources: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    created_at: NaiveDatetime
+    updated_at: NaiveDatetime
+    member_count: int | None = Field(
+        default=None, description="Members (or users with a value) at the last completed sync; guards empty ones."
+    )
+    last_synced_at: NaiveDatetime | None = Field(default=None, description="When the last sync completed.")
+
+
+class AudienceState(SQLModel, table=True):
+    """The last value of an audience or trait that reached the outbox, per destination and user."""
+
+    __tablename__ = "audience_state"
+
+    audience_key: str = Field(primary_key=True, max_length=255)
+    destination: str = Field(primary_key=True, max_length=255)
+    user_id: str = Field(primary_key=True, max_length=1024)
+    value: str = Field(description="JSON-encoded value last sent.")
+
+
+class DeletionRequest(SQLModel, table=True):
+    """A request to delete a user's data, and its outcome."""
+
+    __tablename__ = "deletion_requests"
+
+    id: int | None = Field(default=None, primary_key=True)
+    user_id: str = Field(max_length=1024)
+    sources: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    suppress: bool = False
+    state: str = Field(default="requested", max_length=16)
+    outcome: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    created_at: NaiveDatetime
+    completed_at: NaiveDatetime | None = None
+
+
+class SuppressedUser(SQLModel, table=True):
+    """A user whose further events are dropped at ingestion (after a deletion request asked for it)."""
+
+    __tablename__ = "suppressed_users"
+
+    user_id: str = Field(primary_key=True, max_length=1024)
+    source: str = Field(primary_key=True, max_length=255, description="Source name, or * for every source.")
+    created_at: NaiveDatetime
+
+
+def store_now() -> datetime:
+    """The current time as the store keeps times: naive UTC (identical on SQLite and PostgreSQL)."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def to_store_time(value: datetime) -> datetime:
+    """Any datetime as naive UTC for the store."""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+    return value
+

@@ -1,0 +1,240 @@
+"""Zero-downtime secret rotation: a rotation in the middle of a stream of deliveries, the end of the window (the old
+secret leaves the saved block), and the ``rotate-secret`` command — real receivers, blocks on the test Prefect
+server, delivery through the outbox and the delivery engine."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+import sys
+import time
+import uuid
+
+import orjson
+import pytest
+from prefect import get_client
+from sqlalchemy import func, select
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.rotation import finish_rotations
+from prefect_webhooks.blocks.saved import load_block
+from prefect_webhooks.cli import main
+from prefect_webhooks.delivery import DeliveryOptions, deliver_due
+from prefect_webhooks.flows.deliver import deliver
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
+from prefect_webhooks.signing.signatures import sign, verify
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from tests.receivers import Receiver
+from tests.signing.test_headers import fast, libraries_accept, track  # noqa: F401  (fast is a fixture)
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def block_name() -> str:
+    return f"rot-{uuid.uuid4().hex[:8]}"
+
+
+def states(destination: str) -> dict[str, int]:
+    with get_engine().connect() as connection:
+        return dict(connection.execute(select(OUTBOX.c.state, func.count()).where(
+            OUTBOX.c.destination == destination).group_by(OUTBOX.c.state)).all())
+
+
+@pytest.mark.usefixtures("fast")
+async def test_a_rotation_in_the_middle_of_a_stream_rejects_nothing() -> None:
+    old, new = WebhookDestination.generate_secret(), WebhookDestination.generate_secret()
+    accepted = [old]
+    seen_with: list[tuple[float, tuple[str, ...]]] = []
+
+    def keeper_checks(body: bytes, headers: dict[str, str]) -> bool:
+        # A receiver that adds the new secret during the window and drops the old one after it: it checks
+        # X-Signature with prefect_webhooks.signing.verify and webhook-signature with both published libraries.
+        secrets = tuple(accepted)
+        seen_with.append((time.time(), secrets))
+        return verify(body, headers.get("X-Signature", ""), secrets) and libraries_accept(*secrets)(body, headers)
+
+    def laggard_checks(body: bytes, headers: dict[str, str]) -> bool:
+        # A receiver that never learns the new secret.
+        return verify(body, headers.get("X-Signature", ""), old) and libraries_accept(old)(body, headers)
+
+    keeping, lagging = block_name(), block_name()
+    window = 4.0
+    with Receiver(verifier=keeper_checks) as keeper, Receiver(verifier=laggard_checks) as laggard:
+        destination = WebhookDestination(endpoints=[{"url": keeper.url}], shared_secret=old, standard_webhooks=True)
+        await destination.save(keeping)
+        other = WebhookDestination(endpoints=[{"url": laggard.url}], shared_secret=old, standard_webhooks=True)
+        await other.save(lagging)
+        stop_delivering = asyncio.Event()
+
+        async def deliver_until_stopped() -> None:
+            while not stop_delivering.is_set():
+                await deliver_due(DeliveryOptions(run_for_seconds=1, idle_sleep=0.05))
+
+        def checked_after(moment: float, secrets: tuple[str, ...]) -> int:
+            return sum(1 for at, known in seen_with if at > moment and known == secrets)
+
+        delivering = asyncio.create_task(deliver_until_stopped())
+        rotate_at = time.time() + 1.5
+        rotated_at = learn_at = window_end = 0.0
+        sent = 0
+        # Each phase of the receiver lasts until it has checked a few requests (a busy Prefect server can hold a
+        # batch's block read for a second), within the rotation window's bounds. The laggard's window ends a little
+        # later than the keeper's (its block is rotated second): the stream goes on until it was sent something then.
+        while (not window_end or time.time() < window_end + 2.0 or checked_after(rotated_at, (new,)) < 3
+               or not laggard.rejected):
+            assert not window_end or time.time() < window_end + 60, "no request reached the receiver after the window"
+            if not window_end and time.time() >= rotate_at:
+                await destination.arotate_secret(new, window=window)
+                await other.arotate_secret(new, window=window)
+                window_end = destination.previous_secret_expires_at.timestamp()
+                rotated_at = time.time()
+            old_only_seen = window_end and checked_after(rotated_at, (old,)) >= 3
+            if window_end and new not in accepted and time.time() >= rotated_at + 1.0 and (
+                old_only_seen or time.time() >= window_end - 1.0
+            ):
+                accepted.append(new)  # the receiver's owner adds the new secret during the window
+                learn_at = time.time()
+            if window_end and time.time() > window_end + 1.0 and old in accepted:
+                accepted.remove(old)  # and removes the old one once the window is over
+            await asyncio.to_thread(enqueue, keeping, [track(sent)])
+            await asyncio.to_thread(enqueue, lagging, [track(sent)])
+            sent += 1
+            await asyncio.sleep(0.05)
+        stop_delivering.set()
+        await delivering
+        await deliver_due()  # what the stream added last, on a busy machine
+    assert learn_at < window_end, "the receiver must learn the new secret inside the window"
+    # Every phase happened: the receiver checked requests knowing only the old secret after the rotation, both
+    # secrets, and only the new one after the window.
+    phases = {secrets for at, secrets in seen_with if at > rotated_at}
+    assert phases == {(old,), (old, new), (new,)}
+    assert new in accepted and old not in accepted
+
+    # Nothing was ever refused by the receiver that followed the rotation, and everything arrived.
+    assert keeper.rejected == []
+    assert states(keeping) == {DELIVERED: sent}
+    assert sorted(orjson.loads(r.body)["userId"] for r in keeper.requests) == sorted(f"u{n}" for n in range(sent))
+    # X-Signature: the old secret until the window ends, then the new one; webhook-signature: both inside it.
+    # (A batch that read the block just before the rotation still signs the old way, with the old secret only.)
+    both = 0
+    for request in keeper.requests:
+        sent_at = int(request.headers["webhook-timestamp"])
+        signatures = request.headers["webhook-signature"].split(" ")
+        if sent_at < window_end - 1:
+            assert request.headers["X-Signature"] == sign(request.body, old)
+            both += len(signatures) == 2
+        if sent_at > window_end + 1:
+            assert request.headers["X-Signature"] == sign(request.body, new)
+            assert len(signatures) == 1
+    assert both >= 10
+    # The receiver that knew only the old secret kept working for the whole window, and only then was refused.
+    assert laggard.rejected, "requests after the window must be signed with the new secret only"
+    # (Its own window ends a little later: its block was rotated just after the other one.)
+    laggard_end = other.previous_secret_expires_at.timestamp()
+    signed_at = {id(request): int(request.headers["webhook-timestamp"]) for request in laggard.requests}
+    assert min(signed_at[id(request)] for request in laggard.rejected) >= int(laggard_end)
+    assert all(signed_at[id(request)] <= laggard_end for request in laggard.requests if request not in laggard.rejected)
+    assert states(lagging)[FAILED] == len(laggard.rejected)
+
+
+@pytest.mark.usefixtures("fast")
+async def test_the_deliver_flow_removes_the_old_secret_once_the_window_ends() -> None:
+    ending, lasting = block_name(), block_name()
+    first = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/a"}], shared_secret="old-one")
+    await first.save(ending)
+    second = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/b"}], shared_secret="old-two")
+    await second.save(lasting)
+    await first.arotate_secret("new-one", window=1.5)
+    await second.arotate_secret("new-two", window=3600)
+    assert (await load_block(WebhookDestination, ending)).previous_secret is not None
+    await asyncio.sleep(max(0.0, first.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
+    await deliver()
+    ended = await load_block(WebhookDestination, ending)
+    assert ended.previous_secret is None and ended.previous_secret_expires_at is None
+    assert ended.secret() == "new-one"
+    async with get_client() as client:
+        stored = await client.read_block_document_by_name(ending, "webhook-destination", include_secrets=True)
+    assert stored.data["previous_secret"] is None
+    assert "old-one" not in str(stored.data)
+    # A rotation still inside its window is left alone.
+    kept = await load_block(WebhookDestination, lasting)
+    assert kept.previous_secret.get_secret_value() == "old-two" and kept.rotation_active()
+
+
+def cli_destination(secret: str = "cli-old-secret") -> str:
+    name = block_name()
+    WebhookDestination(endpoints=[{"url": "https://hooks.example.com/in"}], shared_secret=secret).save(name)
+    return name
+
+
+def test_rotate_secret_command_generates_and_prints_the_new_secret_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = cli_destination()
+    assert main(["rotate-secret", name, "--generate", "--window", "2h"]) == 0
+    out = capsys.readouterr().out
+    block = WebhookDestination.load(name)
+    new_secret = block.secret()
+    assert new_secret.startswith("whsec_") and out.count(new_secret) == 1
+    assert "cli-old-secret" not in out
+    assert "X-Signature is still made with the old secret" in out
+    remaining = (block.previous_secret_expires_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
+    assert 7190 < remaining <= 7200
+    assert block.previous_secret.get_secret_value() == "cli-old-secret"
+
+
+def test_rotate_secret_command_reads_a_given_secret_without_printing_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = cli_destination()
+    monkeypatch.setenv("NEW_WEBHOOK_SECRET", "given-new-secret")
+    assert main(["rotate-secret", name, "--from-env", "NEW_WEBHOOK_SECRET", "--window", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "given-new-secret" not in out and "signs every request from now on" in out
+    block = WebhookDestination.load(name)
+    assert (block.secret(), block.previous_secret) == ("given-new-secret", None)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--generate"], "is in progress until"),
+     (["--from-env", "NO_SUCH_VARIABLE_SET"], "NO_SUCH_VARIABLE_SET is not set or empty")],
+)
+def test_rotate_secret_command_explains_a_refusal(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = cli_destination()
+    WebhookDestination.load(name).rotate_secret("second-secret", window=600)
+    assert main(["rotate-secret", name, *args]) == 1
+    captured = capsys.readouterr()
+    assert says in captured.err and captured.out == ""
+    assert WebhookDestination.load(name).secret() == "second-secret"
+
+
+def test_rotate_secret_command_names_a_missing_block(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rotate-secret", "no-such-destination", "--generate"]) == 1
+    assert "no WebhookDestination block named 'no-such-destination'" in capsys.readouterr().err
+
+
+def test_rotate_secret_command_needs_a_source_for_the_secret(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rotate-secret", "anything"]) == 2
+    assert "give exactly one of --generate, --from-env or --from-stdin" in capsys.readouterr().err
+    assert main(["rotate-secret", "anything", "--generate", "--from-stdin"]) == 2
+
+
+def test_rotate_secret_command_reads_the_secret_from_stdin_and_finish_rotations_ends_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = cli_destination()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("stdin-new-secret\n"))
+    assert main(["rotate-secret", name, "--from-stdin", "--window", "1"]) == 0
+    assert "stdin-new-secret" not in capsys.readouterr().out
+    block = WebhookDestination.load(name)
+    assert (block.secret(), block.previous_secret.get_secret_value()) == ("stdin-new-secret", "cli-old-secret")
+    time.sleep(max(0.0, block.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
+    # The synchronous form of what every deliver run does.
+    assert name in finish_rotations()
+    assert WebhookDestination.load(name).previous_secret is None
+    assert name not in finish_rotations()

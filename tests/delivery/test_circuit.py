@@ -1,0 +1,200 @@
+"""Per-endpoint isolation: the circuit breaker's states, and a broken endpoint not slowing healthy ones."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
+from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, CLOSED, HALF_OPEN, OPEN, Circuit, EndpointGuard
+from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, enqueue
+from tests.receivers import Receiver
+
+
+def test_circuit_opens_after_threshold_half_opens_after_cooldown_and_closes_on_success() -> None:
+    circuit = Circuit(threshold=3, cooldown=10.0)
+    for now in (0.0, 1.0):
+        assert circuit.allow(now)
+        circuit.record(False, now)
+    assert circuit.state == CLOSED
+    assert circuit.allow(2.0)
+    circuit.record(False, 2.0)
+    assert circuit.state == OPEN
+    assert not circuit.allow(5.0)
+    assert not circuit.allow(11.9)
+    # Cool-down over: exactly one probe goes through while it is out.
+    assert circuit.allow(12.0)
+    assert circuit.state == HALF_OPEN
+    assert not circuit.allow(12.1)
+    circuit.record(True, 12.2)
+    assert circuit.state == CLOSED
+    assert circuit.allow(12.3)
+    assert circuit.skipped == 3
+
+
+def test_failed_probe_opens_again_for_a_full_cooldown() -> None:
+    circuit = Circuit(threshold=1, cooldown=5.0)
+    circuit.record(False, 0.0)
+    assert circuit.allow(5.0)
+    circuit.record(False, 6.0)
+    assert circuit.state == OPEN
+    assert not circuit.allow(10.0)
+    assert circuit.allow(11.0)
+
+
+def test_success_resets_the_consecutive_count() -> None:
+    circuit = Circuit(threshold=2, cooldown=5.0)
+    circuit.record(False, 0.0)
+    circuit.record(True, 0.1)
+    circuit.record(False, 0.2)
+    assert circuit.state == CLOSED
+
+
+def test_a_cooled_down_circuit_asks_once_for_a_probe_and_a_successful_probe_reports_the_recovery() -> None:
+    guard = EndpointGuard(threshold=1, cooldown=0.05, concurrency=4)
+    guard.record("http://a", False)
+    assert guard.state("http://a") == OPEN
+    assert guard.take_due_probes() == []
+    time.sleep(0.06)
+    # Cooled down with nothing sent: one request is wanted to probe with, asked for once.
+    assert guard.take_due_probes() == ["http://a"]
+    assert guard.take_due_probes() == []
+    assert guard.allow("http://a") and guard.state("http://a") == HALF_OPEN
+    assert guard.take_recovered() == []
+    guard.record("http://a", True)
+    assert guard.take_recovered() == ["http://a"]
+    assert guard.take_recovered() == []
+    # A success that was not a probe is no recovery.
+    guard.record("http://a", True)
+    assert guard.take_recovered() == []
+
+
+def test_a_failed_probe_asks_for_the_next_probe_after_a_new_cooldown() -> None:
+    guard = EndpointGuard(threshold=1, cooldown=0.05, concurrency=4)
+    guard.record("http://a", False)
+    time.sleep(0.06)
+    assert guard.take_due_probes() == ["http://a"]
+    assert guard.allow("http://a")
+    guard.record("http://a", False)
+    assert guard.take_due_probes() == [] and guard.take_recovered() == []
+    time.sleep(0.06)
+    assert guard.take_due_probes() == ["http://a"]
+
+
+@pytest.fixture
+def isolated(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_REQUEST_TIMEOUT", "1.0")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_DELIVERY_CONCURRENCY", "16")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_ENDPOINT_CONCURRENCY", "4")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_CIRCUIT_FAILURE_THRESHOLD", "3")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_CIRCUIT_COOLDOWN_SECONDS", "0.6")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "60")
+    get_settings.cache_clear()
+    return store_url
+
+
+async def test_sender_skips_an_open_circuit_and_probes_after_cooldown(isolated: str) -> None:
+    with Receiver(script=[500, 500, 500], default=200) as receiver:
+        async with Sender() as sender:
+            outcomes = [await sender.post(receiver.url, b"{}", {}) for _ in range(5)]
+            assert [result.status for result in outcomes[:3]] == [500, 500, 500]
+            assert [result.error for result in outcomes[3:]] == [CIRCUIT_OPEN_ERROR] * 2
+            assert len(receiver.requests) == 3
+            assert sender.guard.state(receiver.url) == OPEN
+            time.sleep(0.7)
+            probe = await sender.post(receiver.url, b"{}", {})
+            assert probe.status == 200 and sender.guard.state(receiver.url) == CLOSED
+            assert len(receiver.requests) == 4
+
+
+def messages(destination: str, count: int) -> list[dict[str, Any]]:
+    return [{"type": "track", "userId": f"u{index}", "event": "E",
+             "properties": {"messageId": f"{destination}-{index}"}} for index in range(count)]
+
+
+async def drain(blocks: dict[str, str], **kwargs: Any) -> DeliveryStats:
+    async with Sender() as sender:
+        context = DeliveryContext(get_engine(), sender)
+        for name, url in blocks.items():
+            context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url}]))
+        return await deliver_due(DeliveryOptions(**kwargs), context=context)
+
+
+async def timed_drain(healthy: Receiver, broken_url: str | None, healthy_count: int, broken_count: int) -> float:
+    """Enqueue interleaved healthy/broken messages, drain, return seconds until the healthy ones were received."""
+    for index in range(max(healthy_count, broken_count) // 50):
+        enqueue("healthy", messages("healthy", healthy_count)[index * 50:(index + 1) * 50])
+        if broken_url:
+            enqueue("broken", messages("broken", broken_count)[index * 50:(index + 1) * 50])
+    blocks = {"healthy": healthy.url, **({"broken": broken_url} if broken_url else {})}
+    before = len(healthy.requests)
+    started = time.perf_counter()
+    await drain(blocks, batch_size=100)
+    elapsed = time.perf_counter() - started
+    assert len(healthy.requests) - before == healthy_count
+    return elapsed
+
+
+async def test_hanging_endpoint_does_not_slow_a_healthy_destination(isolated: str) -> None:
+    with Receiver() as healthy, Receiver(default={"status": 200, "delay": 3}) as hanging:
+        baseline = await timed_drain(healthy, None, 300, 0)
+        with get_engine().begin() as connection:
+            connection.execute(OUTBOX.delete())
+        with_broken = await timed_drain(healthy, hanging.url, 300, 300)
+        with get_engine().connect() as connection:
+            broken = connection.execute(select(OUTBOX.c.state).where(OUTBOX.c.destination == "broken")).all()
+            healthy_rows = connection.execute(select(OUTBOX.c.state).where(OUTBOX.c.destination == "healthy")).all()
+            errors = [row.error for row in connection.execute(select(ATTEMPTS.c.error).where(
+                ATTEMPTS.c.url == hanging.url))]
+        print(f"\nhealthy 300 msgs alone: {baseline:.2f} s; with 300 msgs to a hanging endpoint: {with_broken:.2f} s; "
+              f"requests that reached the hanging endpoint: {len(hanging.requests)}, "
+              f"skipped (circuit open): {errors.count(CIRCUIT_OPEN_ERROR)}")
+    assert all(row.state == DELIVERED for row in healthy_rows)
+    assert all(row.state == PENDING for row in broken)
+    # Only the first endpoint_concurrency (4) requests hang; then the circuit is open and the rest are skipped.
+    assert len(hanging.requests) <= 4 + 2
+    assert errors.count(CIRCUIT_OPEN_ERROR) >= 300 - 6
+    # Without isolation 300 hanging requests at 16 in flight would cost ≥ 300 / 16 × 1 s ≈ 19 s.
+    assert with_broken < baseline + 5.0
+
+
+@pytest.mark.slow
+async def test_without_the_breaker_the_same_hang_costs_timeouts(isolated: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison figure: circuit effectively disabled and no per-endpoint limit."""
+    monkeypatch.setenv("PREFECT_WEBHOOKS_CIRCUIT_FAILURE_THRESHOLD", "100000")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_ENDPOINT_CONCURRENCY", "16")
+    get_settings.cache_clear()
+    with Receiver() as healthy, Receiver(default={"status": 200, "delay": 3}) as hanging:
+        baseline = await timed_drain(healthy, None, 100, 0)
+        with get_engine().begin() as connection:
+            connection.execute(OUTBOX.delete())
+        with_broken = await timed_drain(healthy, hanging.url, 100, 100)
+        print(f"\nno breaker: healthy 100 msgs alone {baseline:.2f} s; with 100 hanging: {with_broken:.2f} s; "
+              f"requests to the hanging endpoint: {len(hanging.requests)}")
+    assert len(hanging.requests) == 100
+    assert with_broken > baseline + 3.0
+
+
+async def test_a_drain_brings_nothing_forward_for_a_probe_but_a_continuous_run_does(isolated: str) -> None:
+    with Receiver(default=503) as down:
+        enqueue("down", messages("down", 3))
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender)
+            context.destinations.remember("down", WebhookDestination(endpoints=[{"url": down.url}]))
+            # Three failures open the circuit; the messages wait for their 60 s backoff.
+            first = await deliver_due(context=context)
+            assert first.rescheduled == 3 and sender.guard.state(down.url) == OPEN
+            time.sleep(0.7)  # cooled down: a probe is due
+            # A drain ends once nothing is due: it does not make a message due to carry the probe.
+            await deliver_due(context=context)
+            assert len(down.requests) == 3
+            # A continuous run does, so the probe goes out on time.
+            await deliver_due(DeliveryOptions(run_for_seconds=1.0, idle_sleep=0.1), context=context)
+            assert len(down.requests) >= 4

@@ -1,0 +1,102 @@
+"""No public call silently does nothing: async flows run when called from sync code; every other public coroutine
+function has a plain twin (``x``/``ax``, as Prefect's ``save``/``asave``) or is an internal step named below."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import uuid
+import warnings
+
+import pytest
+from prefect import Flow, Task, flow
+
+import prefect_webhooks
+import prefect_webhooks.flows
+from prefect_webhooks.blocks.source import Source
+from prefect_webhooks.flows.deliver import deliver
+from prefect_webhooks.flows.ingest import ingest
+from prefect_webhooks.flows.replay import replay
+from prefect_webhooks.utilities.sync_flows import SyncCompatibleFlow, sync_compatible
+
+# Coroutine functions that are steps of a flow or of the ingest API's event loop, not calls a user makes: each is
+# awaited by the code named here (checked below: the name must still exist and still be a coroutine function).
+INTERNAL_STEPS = {
+    "prefect_webhooks.inbound.api.read_body": "the ingest API's request handler",
+    "prefect_webhooks.blocks.saved.save_block": "async code on every Prefect 3 release (plain code calls Block.save)",
+    "prefect_webhooks.blocks.saved.load_block": "async code on every Prefect 3 release (plain code calls Block.load)",
+    "prefect_webhooks.delivery.context.store_call": "deliver_due",
+    "prefect_webhooks.delivery.batch.process_batch": "deliver_due",
+    "prefect_webhooks.delivery.task.deliver_batch": "the deliver flow's task",
+    "prefect_webhooks.delivery.claims.deliver_due":
+        "the deliver flow (users run the flow: prefect_webhooks.flows.deliver)",
+    "prefect_webhooks.flows.deliver.publish_endpoint_artifacts": "the deliver flow",
+    "prefect_webhooks.flows.deliver.publish_filtered_artifacts": "the deliver flow",
+    "prefect_webhooks.flows.deliver.finish_ended_rotations": "the deliver flow",
+    "prefect_webhooks.flows.ingest.ingest_chunk": "the ingest flow (a task)",
+    "prefect_webhooks.flows.ingest.load_source": "the ingest flow",
+    "prefect_webhooks.flows.ingest.publish_artifacts": "the ingest flow",
+}
+
+
+def is_async(value: object) -> bool:
+    return inspect.iscoroutinefunction(value.fn if isinstance(value, Task) else value)
+
+
+def public_members() -> list[tuple[str, object]]:
+    found = []
+    for package in (prefect_webhooks, prefect_webhooks.flows):
+        # Subpackages too (the delivery engine, the client): each module's own names.
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            module = importlib.import_module(info.name)
+            for name, value in vars(module).items():
+                if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__:
+                    found.append((f"{module.__name__}.{name}", value))
+    return found
+
+
+def test_every_public_coroutine_function_has_a_plain_form() -> None:
+    missing = []
+    for qualified, value in public_members():
+        if isinstance(value, Flow):
+            if value.isasync and not isinstance(value, SyncCompatibleFlow):
+                missing.append(f"{qualified}: async flow not sync_compatible")
+            continue
+        if not is_async(value) or qualified in INTERNAL_STEPS:
+            continue
+        module, _, name = qualified.rpartition(".")
+        twin = getattr(importlib.import_module(module), name[1:], None) if name.startswith("a") else None
+        if twin is None or inspect.iscoroutinefunction(twin):
+            missing.append(f"{qualified}: no plain form")
+    assert missing == []
+    for qualified in INTERNAL_STEPS:
+        module, _, name = qualified.rpartition(".")
+        assert is_async(getattr(importlib.import_module(module), name)), qualified
+
+
+def test_a_flow_called_from_sync_code_runs(prefect_harness: None, store_url: str) -> None:
+    name = f"plain-{uuid.uuid4().hex[:8]}"
+    Source(write_key=uuid.uuid4().hex, destinations=["crm"]).save(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "coroutine ... was never awaited"
+        summary = ingest(name, [{"type": "track", "userId": "u1", "event": "E", "messageId": "m1"}])
+        assert summary["accepted"] == 1 and summary["rows_written"] == 1
+        assert deliver(destination="nobody-has-this") == {"delivered": 0, "failed": 0, "rescheduled": 0,
+                                                           "filtered": 0, "batches": 0}
+        assert replay(destination="nobody-has-this") == 0
+
+
+async def test_an_async_caller_still_awaits_it(prefect_harness: None, store_url: str) -> None:
+    call = replay(destination="nobody-has-this")
+    assert inspect.isawaitable(call)
+    assert await call == 0
+
+
+def test_sync_compatible_refuses_what_is_not_an_async_flow() -> None:
+    @flow
+    def plain() -> None:
+        return None
+
+    with pytest.raises(TypeError):
+        sync_compatible(plain)

@@ -44,6 +44,8 @@ class WebhookEndpoint(BaseModel):
     url: str = Field(
         description="Full URL of the receiver, including the http or https protocol.",
         examples=["https://hooks.example.com/segment"],
+        # Checked in Python by _full_url; here for the UI form.
+        json_schema_extra={"pattern": r"^\s*[hH][tT][tT][pP][sS]?://[^/?#\s]+"},
     )
     headers: SecretDict = Field(
         default_factory=lambda: SecretDict({}),

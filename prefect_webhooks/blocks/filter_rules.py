@@ -38,6 +38,9 @@ Scalar = str | bool | int | float
 TOP_LEVEL_FIELDS = ("type", "event", "userId", "anonymousId", "groupId", "name", "Previous ID", "User ID")
 NESTED_FIELDS = ("properties", "traits", "context")
 NEVER_FILTERED = "delete"
+FIELD_PATTERN = (
+    "^(" + "|".join(TOP_LEVEL_FIELDS) + "|(" + "|".join(NESTED_FIELDS) + r")(\.[^.]+)*)$"
+)
 
 
 class Condition(BaseModel):
@@ -51,6 +54,8 @@ class Condition(BaseModel):
             "or a dotted path under properties, traits or context (e.g. properties.plan)."
         ),
         examples=["properties.plan", "traits.email", "context.os.name"],
+        # Checked in Python by FilterRule (a message that names the rule); here for the UI form.
+        json_schema_extra={"pattern": FIELD_PATTERN},
     )
     equals: Scalar | None = Field(default=None, description="The field equals this string, number or boolean.")
     in_: list[Scalar] | None = Field(

@@ -74,8 +74,7 @@ async def afinish_rotations(now: datetime | None = None) -> list[str]:
         # Checked again on a fresh copy: the block may have been rotated again since the listing.
         if block.previous_secret is None or block.rotation_active(now):
             continue
-        block.previous_secret = None
-        block.previous_secret_expires_at = None
+        block = block.model_copy(update={"previous_secret": None, "previous_secret_expires_at": None})
         await save_block(block, name, overwrite=True)
         finished.append(name)
     return finished

@@ -44,7 +44,7 @@ def states(destination: str) -> dict[str, int]:
 
 @pytest.mark.usefixtures("fast")
 async def test_a_rotation_in_the_middle_of_a_stream_rejects_nothing() -> None:
-    old, new = WebhookDestination.generate_secret(), WebhookDestination.generate_secret()
+    old, new = (WebhookDestination.generate_secret().get_secret_value() for _ in range(2))
     accepted = [old]
     seen_with: list[tuple[float, tuple[str, ...]]] = []
 
@@ -142,28 +142,28 @@ async def test_a_rotation_in_the_middle_of_a_stream_rejects_nothing() -> None:
 @pytest.mark.usefixtures("fast")
 async def test_the_deliver_flow_removes_the_old_secret_once_the_window_ends() -> None:
     ending, lasting = block_name(), block_name()
-    first = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/a"}], shared_secret="old-one")
+    first = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/a"}], shared_secret="old-secret-one-01")
     await first.save(ending)
-    second = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/b"}], shared_secret="old-two")
+    second = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/b"}], shared_secret="old-secret-two-01")
     await second.save(lasting)
-    await first.arotate_secret("new-one", window=1.5)
-    await second.arotate_secret("new-two", window=3600)
+    await first.arotate_secret("new-secret-one-01", window=1.5)
+    await second.arotate_secret("new-secret-two-01", window=3600)
     assert (await load_block(WebhookDestination, ending)).previous_secret is not None
     await asyncio.sleep(max(0.0, first.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
     await deliver()
     ended = await load_block(WebhookDestination, ending)
     assert ended.previous_secret is None and ended.previous_secret_expires_at is None
-    assert ended.secret() == "new-one"
+    assert ended.secret() == "new-secret-one-01"
     async with get_client() as client:
         stored = await client.read_block_document_by_name(ending, "webhook-destination", include_secrets=True)
     assert stored.data["previous_secret"] is None
-    assert "old-one" not in str(stored.data)
+    assert "old-secret-one-01" not in str(stored.data)
     # A rotation still inside its window is left alone.
     kept = await load_block(WebhookDestination, lasting)
-    assert kept.previous_secret.get_secret_value() == "old-two" and kept.rotation_active()
+    assert kept.previous_secret.get_secret_value() == "old-secret-two-01" and kept.rotation_active()
 
 
-def cli_destination(secret: str = "cli-old-secret") -> str:
+def cli_destination(secret: str = "cli-old-secret-01") -> str:
     name = block_name()
     WebhookDestination(endpoints=[{"url": "https://hooks.example.com/in"}], shared_secret=secret).save(name)
     return name
@@ -178,11 +178,11 @@ def test_rotate_secret_command_generates_and_prints_the_new_secret_once(
     block = WebhookDestination.load(name)
     new_secret = block.secret()
     assert new_secret.startswith("whsec_") and out.count(new_secret) == 1
-    assert "cli-old-secret" not in out
+    assert "cli-old-secret-01" not in out
     assert "X-Signature is still made with the old secret" in out
     remaining = (block.previous_secret_expires_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
     assert 7190 < remaining <= 7200
-    assert block.previous_secret.get_secret_value() == "cli-old-secret"
+    assert block.previous_secret.get_secret_value() == "cli-old-secret-01"
 
 
 def test_rotate_secret_command_reads_a_given_secret_without_printing_it(
@@ -206,11 +206,11 @@ def test_rotate_secret_command_explains_a_refusal(
     args: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = cli_destination()
-    WebhookDestination.load(name).rotate_secret("second-secret", window=600)
+    WebhookDestination.load(name).rotate_secret("second-secret-001", window=600)
     assert main(["rotate-secret", name, *args]) == 1
     captured = capsys.readouterr()
     assert says in captured.err and captured.out == ""
-    assert WebhookDestination.load(name).secret() == "second-secret"
+    assert WebhookDestination.load(name).secret() == "second-secret-001"
 
 
 def test_rotate_secret_command_names_a_missing_block(capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,7 +232,7 @@ def test_rotate_secret_command_reads_the_secret_from_stdin_and_finish_rotations_
     assert main(["rotate-secret", name, "--from-stdin", "--window", "1"]) == 0
     assert "stdin-new-secret" not in capsys.readouterr().out
     block = WebhookDestination.load(name)
-    assert (block.secret(), block.previous_secret.get_secret_value()) == ("stdin-new-secret", "cli-old-secret")
+    assert (block.secret(), block.previous_secret.get_secret_value()) == ("stdin-new-secret", "cli-old-secret-01")
     time.sleep(max(0.0, block.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
     # The synchronous form of what every deliver run does.
     assert name in finish_rotations()

@@ -122,7 +122,8 @@ def serve(
 ) -> None:
     """Run the ingest API, the delivery workers and the served deployments (deployments/prefect.yaml) here.
 
-    Needs PREFECT_API_URL (a running Prefect server). Exits 1 when a part dies, so a process manager restarts it.
+    Needs PREFECT_API_URL (a running Prefect server) and refuses to start without one. Prints where the store is.
+    Exits 1 when a part dies, so a process manager restarts it.
     """
     from prefect_webhooks.serving.service import serve as run_service
 
@@ -147,16 +148,70 @@ def status(
         bool, typer.Option("--prometheus", help="Print the Prometheus text instead of a table.")
     ] = False,
 ) -> None:
-    """Print backlog depth, oldest pending age and outcome counts per destination, read from the store."""
+    """Print backlog depth, oldest pending age and outcome counts per destination, read from the store.
+
+    The store is PREFECT_WEBHOOKS_DATABASE_URL, or the SQLite file webhooks.db in PREFECT_WEBHOOKS_HOME
+    (~/.prefect-webhooks by default); its location is printed first (to standard error with --json or --prometheus).
+    A store that does not exist is an error: status never creates one.
+    """
+    from prefect_webhooks.settings import get_settings
+    from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
     from prefect_webhooks.store.metrics import backlog_snapshot, health_document, prometheus_text, status_table
 
-    snapshot = backlog_snapshot()
+    try:
+        engine = open_existing_store()
+    except StoreNotFound as exc:
+        print(f"status: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(f"store: {get_settings().store.location()}",
+          file=sys.stderr if as_json or prometheus else sys.stdout)
+    snapshot = backlog_snapshot(engine)
     if as_json:
         print(json.dumps(health_document(snapshot), indent=2))
     elif prometheus:
         print(prometheus_text(snapshot), end="")
     else:
         print(status_table(snapshot))
+
+
+@app.command()
+def deploy(
+    pool: Annotated[
+        str,
+        typer.Option(help="Process work pool to deploy to; created when missing (names starting with 'prefect' are "
+                     "Prefect's)."),
+    ],
+    run: Annotated[
+        bool,
+        typer.Option("--run/--no-run", help="Start a first deliver/continuous run at once instead of at the next "
+                     "scheduled one."),
+    ] = True,
+) -> None:
+    """Deploy the served deployments (deployments/prefect.yaml and the audiences file) to a work pool.
+
+    The same deployments serve runs, from the installed package: no clone or prefect.yaml needed. Then start a worker
+    on each host that delivers: prefect worker start --pool POOL.
+    """
+    from prefect_webhooks.utilities.prefect_api import require_prefect_api
+
+    try:
+        require_prefect_api()
+    except LookupError as exc:
+        print(f"deploy: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    from prefect_webhooks.deployments.work_pool import deploy_to_work_pool
+
+    try:
+        done = deploy_to_work_pool(pool, start_delivery=run)
+    except ValueError as exc:
+        print(f"deploy: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    if done.pool_created:
+        print(f"work pool {pool!r} created (type process)")
+    print(f"deployed to work pool {pool!r}: {', '.join(done.deployments)}")
+    if done.first_deliver_run:
+        print(f"first deliver run {done.first_deliver_run} started: a worker picks it up at its next poll")
+    print(f"start a worker on each host that delivers: prefect worker start --pool {pool}")
 
 
 @app.command()
@@ -204,8 +259,15 @@ def rotate_secret(
     The secret is never a command-line argument (shell history, process lists): generate one, or read it from an
     environment variable or standard input.
     """
+    from prefect_webhooks.blocks.destination import RotationInProgress
     from prefect_webhooks.blocks.rotation import describe_rotation, parse_window, rotate_destination_secret
+    from prefect_webhooks.utilities.prefect_api import require_prefect_api
 
+    try:
+        require_prefect_api()
+    except LookupError as exc:
+        print(f"rotate-secret: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
     if sum((generate, from_env is not None, from_stdin)) != 1:
         raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")
     try:
@@ -222,6 +284,10 @@ def rotate_secret(
         new_secret = sys.stdin.readline().rstrip("\r\n")
     try:
         outcome = rotate_destination_secret(block, new_secret, window_length, force)
+    except RotationInProgress as exc:
+        print(f"rotate-secret: a rotation of {exc.name!r} is in progress until {exc.until.isoformat()}; rotate again "
+              "after it ends, or add --force to drop the older secret now", file=sys.stderr)
+        raise typer.Exit(1) from None
     except ValueError as exc:
         print(f"rotate-secret: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -7,17 +7,22 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
+import os
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
 from prefect import get_client
+from prefect.settings import PREFECT_API_URL
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
-from prefect_webhooks.blocks.rotation import finish_rotations
+from prefect_webhooks.blocks.rotation import RotationOutcome, describe_rotation, finish_rotations
 from prefect_webhooks.blocks.saved import load_block
 from prefect_webhooks.cli import main
 from prefect_webhooks.delivery import DeliveryOptions, deliver_due
@@ -238,3 +243,39 @@ def test_rotate_secret_command_reads_the_secret_from_stdin_and_finish_rotations_
     assert name in finish_rotations()
     assert WebhookDestination.load(name).previous_secret is None
     assert name not in finish_rotations()
+
+
+def test_the_rotate_secret_command_says_what_this_destination_signs_and_names_its_own_flag() -> None:
+    # As a user runs it: the installed command, in its own process, against the Prefect server.
+    name = cli_destination()
+    script = str(Path(sys.executable).parent / "prefect-webhooks")
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHORT": "abc", "OTHER": "another-new-secret"}
+
+    def rotate(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, "rotate-secret", name, *args], env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    first = rotate("--generate", "--window", "1h")
+    assert first.returncode == 0, first.stderr
+    # No Standard Webhooks on this destination: nothing about webhook-signature.
+    assert "X-Signature is still made with the old secret" in first.stdout
+    assert "webhook-signature" not in first.stdout
+    second = rotate("--from-env", "OTHER")
+    assert second.returncode == 1 and "add --force to drop the older secret now" in second.stderr
+    assert "force=True" not in second.stderr
+    short = rotate("--from-env", "SHORT", "--force")
+    assert short.returncode == 1 and "at least 16 characters, this one 3" in short.stderr
+    assert rotate("--from-env", "OTHER", "--force").returncode == 0
+    assert WebhookDestination.load(name).secret() == "another-new-secret"
+
+
+@pytest.mark.parametrize(("x_signature", "standard", "says"), [
+    (True, False, "X-Signature is still made with the old secret; add"),
+    (True, True, "X-Signature is still made with the old secret and webhook-signature carries a signature with each"),
+    (False, True, "Until then webhook-signature carries a signature with each secret; add"),
+])
+def test_the_rotation_message_names_only_the_signatures_sent(x_signature: bool, standard: bool, says: str) -> None:
+    outcome = RotationOutcome("crm", SecretStr("n" * 20), generated=False, x_signature=x_signature,
+                              standard_webhooks=standard,
+                              old_secret_valid_until=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    assert says in describe_rotation(outcome)

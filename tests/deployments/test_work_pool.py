@@ -1,0 +1,123 @@
+"""``prefect-webhooks deploy --pool NAME``: the served deployments on a work pool from the installed package, with a
+first deliver run at once; and what a worker does with them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter
+from prefect.settings import PREFECT_API_URL
+
+from prefect_webhooks.deployments.serve import AudienceSchedule
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import enqueue
+from tests.receivers import Receiver
+from tests.servers import background, save_destination
+from tests.signing.test_headers import track
+
+
+def deploy_command(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``prefect-webhooks deploy ARGS`` as a user runs it, outside any clone (a working directory of its own)."""
+    script = shutil.which("prefect-webhooks", path=str(Path(sys.executable).parent))
+    assert script
+    audiences = tmp_path / "audiences.yaml"
+    audiences.write_text(yaml.safe_dump([AudienceSchedule(name="vip-users", cron="*/15 * * * *").model_dump()]))
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_AUDIENCES_FILE": str(audiences)}
+    return subprocess.run([script, "deploy", *args], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_deploy_creates_the_pool_the_deployments_and_a_first_deliver_run(prefect_harness: None,
+                                                                        tmp_path: Path) -> None:
+    pool = f"webhooks-{uuid.uuid4().hex[:6]}"
+    done = deploy_command(tmp_path, "--pool", pool)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"work pool {pool!r} created (type process)" in done.stdout
+    assert "deliver/continuous, deletions/interval, replay/on-demand, audience-sync/vip-users" in done.stdout
+    assert f"prefect worker start --pool {pool}" in done.stdout
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool(pool).type == "process"
+        deployments = {f"{client.read_flow(d.flow_id).name}/{d.name}": d for d in client.read_deployments()
+                       if d.work_pool_name == pool}
+        assert sorted(deployments) == ["audience-sync/vip-users", "deletions/interval", "deliver/continuous",
+                                       "replay/on-demand"]
+        deliver = deployments["deliver/continuous"]
+        assert deliver.entrypoint == "prefect_webhooks.flows.deliver.deliver" and deliver.pull_steps == []
+        assert [schedule.schedule.interval.total_seconds() for schedule in deliver.schedules] == [60.0]
+
+        def manual_runs() -> list[object]:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deliver.id])),
+                                         flow_run_filter=FlowRunFilter())
+            return [run for run in runs if not run.auto_scheduled]
+
+        first = manual_runs()
+        assert len(first) == 1 and str(first[0].id) in done.stdout and first[0].state.is_scheduled()
+        # Again, without a new run: the pool and deployments are updated in place.
+        again = deploy_command(tmp_path, "--pool", pool, "--no-run")
+        assert again.returncode == 0 and "created" not in again.stdout and "first deliver run" not in again.stdout
+        assert len(manual_runs()) == 1
+
+
+def test_deploy_refuses_a_pool_of_another_type_in_one_line(prefect_harness: None, tmp_path: Path) -> None:
+    pool = f"other-{uuid.uuid4().hex[:6]}"
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="prefect-agent"))
+    done = deploy_command(tmp_path, "--pool", pool)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"deploy: work pool {pool!r} is of type 'prefect-agent'" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_delivers_at_once_after_deploy_and_stops_as_documented(prefect_harness: None, tmp_path: Path) -> None:
+    pool = f"webhooks-{uuid.uuid4().hex[:6]}"
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    name = f"pool-{uuid.uuid4().hex[:6]}"
+    with Receiver() as receiver:
+        save_destination(name, [receiver.url])
+        enqueue(name, [track(1)], engine=get_engine(store_url))
+        env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+        started = time.monotonic()
+        done = deploy_command(tmp_path, "--pool", pool)
+        assert done.returncode == 0, done.stderr
+        with background([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool], env=env,
+                        cwd=tmp_path, name="worker") as worker:
+            while not receiver.requests:
+                assert time.monotonic() - started < 180, worker.output()
+                time.sleep(0.2)
+            first_delivery = time.monotonic() - started
+            # Delivered by the run deploy started, not by one the schedule made a minute later.
+            run = running_deliver_run(pool)
+            assert str(run) in done.stdout
+            # Ctrl-C stops the worker at once, and the run it was executing (still claiming: each claims for
+            # 75 s) goes with it: nothing is left behind. The docs say what that leaves in Prefect.
+            children = psutil.Process(worker.process.pid).children(recursive=True)
+            assert children, "the flow run runs in a process of its own"
+            stopping = time.monotonic()
+            worker.process.send_signal(signal.SIGINT)
+            worker.process.wait(60)
+            stop_seconds = time.monotonic() - stopping
+            _, alive = psutil.wait_procs(children, timeout=10)  # before `background` kills what is left
+            assert alive == []
+    print(f"first delivery {first_delivery:.1f} s after deploy began; worker stopped in {stop_seconds:.1f} s")
+
+
+def running_deliver_run(pool: str) -> object:
+    with get_client(sync_client=True) as client:
+        runs = [run for run in client.read_flow_runs() if run.work_pool_name == pool and run.state.is_running()]
+    assert len(runs) == 1, runs
+    return runs[0].id
+

@@ -60,8 +60,8 @@ from tests.servers import background, free_port, ingest_api_process
 FENCE = re.compile(r"^([ \t]*)```(\w*)[ \t]*\n(.*?)^\1```[ \t]*$", re.DOTALL | re.MULTILINE)
 MARKER = re.compile(r"<!--\s*(readme-setup|docs-shell|docs-file):\s*([\w.,\s-]+?)\s*-->\s*$")
 # Fence languages the pages use; python and bash blocks are run, the others are shown only (yaml files the tests
-# read elsewhere, a Node.js snippet, diagrams without a language).
-LANGUAGES = {"python", "bash", "yaml", "js", ""}
+# read elsewhere, a Node.js snippet, program output, diagrams without a language).
+LANGUAGES = {"python", "bash", "yaml", "js", "text", ""}
 SHELL_REASONS = {
     "runs-until-stopped": "a server or worker (prefect server start, serve, ingest, worker start): it does not return; "
     "the tests start these their own way",
@@ -126,6 +126,7 @@ def page_name(path: Path) -> str:
 EXAMPLES = [example for path in doc_pages() for example in examples(path.read_text(encoding="utf-8"),
                                                                       page_name(path))]
 RUN_HERE = [example for example in EXAMPLES if example.runs_here]
+RAN: set[str] = set()  # examples run in this module's environment, by name
 
 
 def test_python_blocks_and_their_comments_are_found() -> None:
@@ -168,6 +169,7 @@ def readme_environment(
     workdir = home / "work"
     workdir.mkdir()
     get_engine(store_url)
+    RAN.clear()
     with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value()) as server:
         saved = {key: os.environ.get(key) for key in ("PREFECT_WEBHOOKS_DATABASE_URL", "PREFECT_WEBHOOKS_HOME",
                                                         "PREFECT_WEBHOOKS_ENDPOINT")}
@@ -235,10 +237,24 @@ def run_bash(example: Example) -> None:
     assert "Traceback" not in output, output
 
 
-@pytest.mark.parametrize("example", RUN_HERE, ids=lambda example: example.name)
+# Bash examples start the Prefect CLI or this package's command (seconds each): they run in the whole suite, not in
+# the fast one CI repeats on other Pythons and Prefects.
+@pytest.mark.parametrize("example", [
+    pytest.param(example, marks=pytest.mark.slow) if example.language == "bash" else example for example in RUN_HERE
+], ids=lambda example: example.name)
 def test_example_runs_as_written(readme_environment: Path, example: Example) -> None:
+    # An example may use blocks earlier python examples saved: those ``-m slow`` left out run first. (Python
+    # examples never need what a bash example did, so the fast suite runs no bash example.)
+    for earlier in RUN_HERE[: RUN_HERE.index(example)]:
+        if earlier.language == "python" and earlier.name not in RAN:
+            run_example(earlier, readme_environment)
+    run_example(example, readme_environment)
+
+
+def run_example(example: Example, workdir: Path) -> None:
+    RAN.add(example.name)
     if example.language == "python":
-        run_python(example, readme_environment)
+        run_python(example, workdir)
     else:
         run_bash(example)
 

@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from prefect_webhooks.blocks.destination import DEFAULT_BATCH_BYTES, WebhookDestination
+from prefect_webhooks.delivery.request_shape import Endpoint, Request, shape_requests
+from prefect_webhooks.signing.headers import MessageSigner
 
 T = TypeVar("T")
+Item = tuple[int, str, bytes]
+"""One message of a batch: its outbox id, its message id and its body for the endpoint."""
 
 # What one item adds around its id and message: {"id":"","message":} and the comma after it.
 ITEM_OVERHEAD = len(b'{"id":"","message":},')
@@ -71,3 +75,19 @@ def batch_key(message_key_prefix: str, ids: Sequence[int]) -> str:
     """The id of the batch of the outbox rows ``ids``: ``batch_<store key>_<16 hex digits>``."""
     digest = hashlib.blake2b(",".join(map(str, ids)).encode("ascii"), digest_size=8).hexdigest()
     return f"{BATCH_PREFIX}{message_key_prefix.removeprefix('msg_')}{digest}"
+
+
+def endpoint_batches(
+    endpoint: Endpoint, batching: Batching, key_prefix: str, messages: Sequence[tuple[int, bytes]]
+) -> list[list[Item]]:
+    """The batches ``endpoint`` gets for ``messages`` (outbox id, stored body) in acceptance order."""
+    items = [(outbox_id, f"{key_prefix}{outbox_id}", endpoint.render(body)) for outbox_id, body in messages]
+    return cut(items, batching, lambda item: item_size(item[1], item[2]))
+
+
+def batch_request(endpoint: Endpoint, signer: MessageSigner, key_prefix: str, items: Sequence[Item]) -> Request:
+    """The request carrying ``items`` to ``endpoint``: the array, signed whole under the batch's id."""
+    body = batch_body([(key, body) for _, key, body in items])
+    (request,) = shape_requests((endpoint,), signer, batch_key(key_prefix, [item[0] for item in items]),
+                                lambda _: body)
+    return request

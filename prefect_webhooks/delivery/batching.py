@@ -6,8 +6,9 @@ batch and endpoint (bodies and ids: ``batch_bodies``).
 - Each message then goes through the same decision as a message sent alone (``decision.decide``), so its attempt
   count, attempt log and 4-hour deadline stay its own; the 413 requests are logged per message too (outcome
   ``split``). Messages of a destination rescheduled by one try come due together, so the batch retries whole.
-- ``batch_wait``: a destination's due messages that do not fill a batch wait until its first one has been due
-  ``batch_wait`` seconds (released to the outbox until then; no attempt is counted).
+- ``batch_wait``: a destination's due messages that do not fill a batch wait until the oldest was accepted
+  ``batch_wait`` seconds ago (released to the outbox until then; no attempt is counted). Messages being retried
+  do not wait.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from prefect_webhooks.delivery.batch_bodies import batch_body, batch_key, cut, item_size
+from prefect_webhooks.delivery.batch_bodies import Item, batch_request, endpoint_batches, item_size
 from prefect_webhooks.delivery.context import DeliveryContext, store_call
 from prefect_webhooks.delivery.decision import BatchWrites
 from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.request_shape import Endpoint, shape_requests
+from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import Attempt, Rescheduled
 from prefect_webhooks.store.outbox import Claimed, release_leases
@@ -32,7 +33,6 @@ SPLIT = "split"
 """Outcome logged for each message of a batch a receiver answered 413 (it was sent again in a smaller batch)."""
 
 Pair = tuple[Claimed, ResolvedDestination]
-_Item = tuple[Claimed, str, bytes]
 
 
 def take_batched(ready: list[Pair]) -> tuple[list[Pair], list[Pair]]:
@@ -56,13 +56,13 @@ async def hold_for_batch_wait(
     context: DeliveryContext, pairs: list[Pair], key_prefix: str, now: datetime
 ) -> list[Pair]:
     """The messages to send now; the others (partial batches still within ``batch_wait``) go back to the outbox,
-    due when their first message has waited ``batch_wait`` seconds."""
+    due when their oldest message was accepted ``batch_wait`` seconds ago."""
     send: list[Pair] = []
     postponed: dict[datetime, list[int]] = {}
     for group in _by_destination(pairs).values():
         batching = group[0][1].batching
         assert batching is not None
-        until = min(row.next_attempt_at for row, _ in group) + timedelta(seconds=batching.wait)
+        until = min(row.created_at or row.next_attempt_at for row, _ in group) + timedelta(seconds=batching.wait)
         size = 2 + sum(item_size(f"{key_prefix}{row.id}", row.body) for row, _ in group)
         if until <= now or len(group) >= batching.size or size >= batching.max_bytes or any(
                 row.attempts for row, _ in group):
@@ -82,14 +82,14 @@ async def send_batched(
     for group in _by_destination(pairs).values():
         destination = group[0][1]
         assert destination.batching is not None
+        messages = [(row.id, row.body) for row, _ in group]
         for endpoint in destination.endpoints:
-            items = [(row, f"{key_prefix}{row.id}", endpoint.render(row.body)) for row, _ in group]
-            for batch in cut(items, destination.batching, lambda item: item_size(item[1], item[2])):
+            for batch in endpoint_batches(endpoint, destination.batching, key_prefix, messages):
                 jobs.append(_send(context, destination, endpoint, batch, key_prefix, writes))
     results: dict[int, list[RequestResult]] = {row.id: [] for row, _ in pairs}
     for sent in await asyncio.gather(*jobs):
-        for row, result in sent:
-            results[row.id].append(result)
+        for outbox_id, result in sent:
+            results[outbox_id].append(result)
     return [results[row.id] for row, _ in pairs]
 
 
@@ -97,26 +97,23 @@ async def _send(
     context: DeliveryContext,
     destination: ResolvedDestination,
     endpoint: Endpoint,
-    items: list[_Item],
+    items: list[Item],
     key_prefix: str,
     writes: BatchWrites,
-) -> list[tuple[Claimed, RequestResult]]:
-    body = batch_body([(key, item_body) for _, key, item_body in items])
-    key = batch_key(key_prefix, [row.id for row, _, _ in items])
-    (request,) = shape_requests((endpoint,), destination.signer, key, lambda _: body)
-    result = await context.sender.request(request)
+) -> list[tuple[int, RequestResult]]:
+    result = await context.sender.request(batch_request(endpoint, destination.signer, key_prefix, items))
     context.stats.add_requests(destination.name, [result])
     if result.status == 413 and len(items) > 1:
         reason = f"batch of {len(items)} too large, sent again in halves"
-        writes.records.attempts.extend(Attempt(row.id, result.attempted_at, result.url, result.status, reason,
-                                               result.latency_ms, SPLIT) for row, _, _ in items)
+        writes.records.attempts.extend(Attempt(outbox_id, result.attempted_at, result.url, result.status, reason,
+                                               result.latency_ms, SPLIT) for outbox_id, _, _ in items)
         half = len(items) // 2
         first = await _send(context, destination, endpoint, items[:half], key_prefix, writes)
         return first + await _send(context, destination, endpoint, items[half:], key_prefix, writes)
     if result.error and result.error.startswith("timeout"):
         logger.error("a batch of %d message(s) to %s timed out; it will be retried", len(items),
                      display_url(result.url))
-    return [(row, result) for row, _, _ in items]
+    return [(outbox_id, result) for outbox_id, _, _ in items]
 
 
 def retry_together(rescheduled: list[Rescheduled], pairs: Sequence[Pair]) -> None:

@@ -119,7 +119,7 @@ def _compile(node: Any, where: str, count: list[int], depth: int) -> Any:
     if not isinstance(node, dict):
         if node is not None and not isinstance(node, (str, int, float, bool)):
             raise MappingError(f"{where}: {type(node).__name__} is not JSON")
-        return _Literal(node)
+        return _Literal(_json_value(node, where))
     directives = [key for key in node if isinstance(key, str) and key.startswith("@")]
     if not directives:
         return {key: _compile(value, f"{where}.{key}", count, depth + 1) for key, value in _members(node, where)}

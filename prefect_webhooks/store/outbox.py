@@ -104,6 +104,7 @@ class Claimed:
     first_attempt_at: datetime | None
     next_attempt_at: datetime
     reason: str | None = None
+    created_at: datetime | None = None
 
 
 _CLAIMED_COLUMNS = (
@@ -114,11 +115,12 @@ _CLAIMED_COLUMNS = (
     OUTBOX.c.first_attempt_at,
     OUTBOX.c.next_attempt_at,
     OUTBOX.c.reason,
+    OUTBOX.c.created_at,
 )
 
 
 def _claimed(row: Any) -> Claimed:
-    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6])
+    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6], row[7])
 
 
 def claim_due_deliveries(

@@ -19,7 +19,7 @@ import typer
 from prefect_webhooks.cli import app, main
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "demo")
+COMMANDS = ("ingest", "serve", "status", "demo", "preview")
 
 
 def _script() -> str:

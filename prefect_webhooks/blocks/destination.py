@@ -46,7 +46,8 @@ class WebhookDestination(Block):
     before they are sent.
 
     Attributes:
-        endpoints: One to five endpoints, each a URL with optional static headers.
+        endpoints: One to five endpoints, each a URL with optional static headers, method, mapping and
+            authentication (bearer token, OAuth2 client credentials, client certificate).
         shared_secret: Key of the ``X-Signature`` HMAC (and of ``webhook-signature``); no signature when unset.
         standard_webhooks: Also sign the Standard Webhooks way; the secret must be in the ``whsec_`` format.
         x_signature: Send ``X-Signature`` when a shared secret is set.

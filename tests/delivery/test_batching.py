@@ -133,7 +133,14 @@ async def test_a_single_message_answered_413_fails_for_good(fast_store: str) -> 
     assert row.state == FAILED and row.reason == "permanent: HTTP 413"
 
 
-async def test_a_retryable_failure_retries_the_whole_batch_under_the_same_id(fast_store: str) -> None:
+async def test_a_retryable_failure_retries_the_whole_batch_under_the_same_id(
+    fast_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A backoff of about a second, so the first run ends (nothing due) before the retry comes due, however loaded
+    # the machine.
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "1")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_MAX_DELAY", "1")
+    get_settings.cache_clear()
     enqueue("d", [track(n) for n in range(10)])
     with Receiver(script=[503]) as receiver:
         block = destination(receiver.url, batch_size=10)
@@ -179,7 +186,7 @@ async def test_batch_bytes_bounds_every_body(fast_store: str) -> None:
 async def test_batch_wait_holds_a_partial_batch_until_its_first_message_waited(fast_store: str) -> None:
     enqueue("d", [track(n) for n in range(3)])
     with Receiver() as receiver:
-        block = destination(receiver.url, batch_size=100, batch_wait=0.6)
+        block = destination(receiver.url, batch_size=100, batch_wait=2)
         stats = await deliver({"d": block})
         assert receiver.requests == [] and stats.delivered == 0
         assert {(row.state, row.attempts, row.lease_owner) for row in outbox()} == {(PENDING, 0, None)}

@@ -33,9 +33,10 @@ CLIENT_SECRET = "cl!ent s3cret/+="
 
 @pytest.fixture
 def fast(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh SQLite store; short retry delays."""
-    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.05")
-    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_MAX_DELAY", "0.1")
+    """A fresh SQLite store; a retry comes due after about a second, so a run ends before it however loaded the
+    machine (no test here waits for one)."""
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "1")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_MAX_DELAY", "1")
     get_settings.cache_clear()
     return store_url
 
@@ -125,8 +126,8 @@ async def test_a_401_fetches_a_new_token_once(fast: str) -> None:
 
 
 async def test_a_token_is_fetched_again_shortly_before_it_expires(fast: str) -> None:
-    # expires_in 2 s: kept for half its life (the 60 s margin is longer than that).
-    with TokenEndpoint(expires_in=2) as server, Receiver() as receiver:
+    # expires_in 4 s: kept for half its life (the 60 s margin is longer than that).
+    with TokenEndpoint(expires_in=4) as server, Receiver() as receiver:
         receiver.verifier = server.accepts
         block = oauth2_destination(receiver.url, server.url)
         async with _shared_sender() as run:
@@ -135,7 +136,7 @@ async def test_a_token_is_fetched_again_shortly_before_it_expires(fast: str) -> 
             enqueue("d", [track(2)])
             await run({"d": block})
             assert len(server.issued) == 1
-            await asyncio.sleep(1.1)
+            await asyncio.sleep(2.1)
             enqueue("d", [track(3)])
             await run({"d": block})
     assert len(server.issued) == 2 and receiver.rejected == []

@@ -22,7 +22,7 @@ from prefect_webhooks.store.engines import get_engine
 from tests.docs_pages import page, section
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "deploy", "demo")
+COMMANDS = ("ingest", "serve", "status", "deploy", "demo", "preview")
 
 
 def _script() -> str:

@@ -29,7 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
+
+from prefect_webhooks.blocks.validated import part_config
 
 MessageType = Literal["identify", "track", "page", "screen", "group", "alias"]
 Scalar = str | bool | int | float
@@ -46,7 +48,7 @@ FIELD_PATTERN = (
 class Condition(BaseModel):
     """One test on one field of the outbound body: ``equals``, ``in`` or ``exists`` (exactly one)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = part_config(populate_by_name=True)
 
     field: str = Field(
         description=(
@@ -69,7 +71,7 @@ class Condition(BaseModel):
 class FilterRule(BaseModel):
     """A destination filter rule: drop the messages it matches, or allow only those it matches."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = part_config()
 
     name: str | None = Field(
         default=None, max_length=100, description="A label for the rule, shown in the reason of filtered messages."

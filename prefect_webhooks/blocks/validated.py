@@ -7,6 +7,8 @@ edited in code could be saved broken and only fail later, far from the edit. ``V
 - assignment is validated (``validate_assignment``; the block's model validators run again), and assigning a name
   that is not a field is an error instead of a silent extra attribute;
 - ``model_copy(update=...)`` validates the copy;
+- ``save`` validates the whole block again, so a change made in place (a list appended to, a nested model's field
+  set; nested models validate their own assignments too) cannot be stored;
 - ``load`` of a stored block that does not validate raises ``InvalidBlockError``, naming each field that is wrong,
   what is wrong, and the value when the field is not secret;
 - the UI form (and ``prefect block create``, which links to it) checks what JSON Schema can express, from the
@@ -25,6 +27,12 @@ from pydantic import ConfigDict, ValidationError
 
 _VALUE_LENGTH = 80
 BlockT = TypeVar("BlockT", bound="ValidatedBlock")
+
+
+def part_config(**options: Any) -> ConfigDict:
+    """The configuration of a model nested in a block (an endpoint, a filter rule): unknown keys refused, assignments
+    validated, and validated again as part of the block when it is built or saved."""
+    return ConfigDict(extra="forbid", validate_assignment=True, revalidate_instances="always", **options)
 
 
 class InvalidBlockError(ValueError):
@@ -96,6 +104,13 @@ class ValidatedBlock(Block):
         them one by one would validate states in between)."""
         for name in names:
             self.__dict__[name] = getattr(other, name)
+
+    def _to_block_document(self, *args: Any, **kwargs: Any) -> Any:
+        # Saving checks the block as a whole once more: a change made in place (an item appended to ``filters``, a
+        # field of a nested model set) is refused here, before anything is stored. Nested models validate their own
+        # assignments and are validated again as parts of the block (``revalidate_instances``).
+        type(self).model_validate({name: getattr(self, name) for name in type(self).model_fields})
+        return super()._to_block_document(*args, **kwargs)
 
     @classmethod
     def _load_from_block_document(cls: type[BlockT], block_document: Any, validate: bool = True) -> BlockT:

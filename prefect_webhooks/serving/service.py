@@ -353,7 +353,7 @@ def serve(
     from prefect_webhooks.utilities.prefect_api import require_prefect_api
 
     try:
-        api_url = require_prefect_api()  # before any child: none of them may start a temporary server
+        api_url = require_prefect_api(export=True)  # before any child: none may start a temporary server
     except LookupError as exc:
         print(f"prefect-webhooks serve: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -25,8 +25,9 @@ def prefect_api_url() -> str | None:
     return get_current_settings().api.url or None
 
 
-def require_prefect_api() -> str:
-    """The Prefect API URL, exported with temporary servers forbidden for this process and the ones it starts.
+def require_prefect_api(*, export: bool = False) -> str:
+    """The Prefect API URL; with ``export``, also put in this process's environment, with temporary servers
+    forbidden, for the processes it starts (whose Prefect profile could differ).
 
     Raises:
         LookupError: no API URL is set; the message says what to set and how to start a server.
@@ -34,7 +35,8 @@ def require_prefect_api() -> str:
     url = prefect_api_url()
     if not url:
         raise LookupError(f"no Prefect server: {START_A_SERVER}")
-    os.environ["PREFECT_API_URL"] = url
-    # The alias every Prefect 3 release reads (``server.ephemeral.enabled``).
-    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
+    if export:
+        os.environ["PREFECT_API_URL"] = url
+        # The alias every Prefect 3 release reads (``server.ephemeral.enabled``).
+        os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
     return url

@@ -176,3 +176,19 @@ def test_prefect_block_create_links_to_that_form(prefect_harness: None) -> None:
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "/blocks/catalog/webhook-destination/create" in shown.stdout
+
+
+def test_a_change_made_in_place_is_refused_when_saved_and_nested_fields_validate_their_assignment(
+    prefect_harness: None,
+) -> None:
+    block = destination(filters=[GOOD_RULE])
+    with pytest.raises(ValidationError, match="URL must start with http:// or https://"):
+        block.endpoints[0].url = "ftp://hooks.example.com/in"
+    # A list changed in place, or a field whose rule lives in the model around it: seen when the block is saved.
+    block.filters[0].conditions[0].field = "propertes.plan"
+    with pytest.raises(ValidationError, match="(?s)filters.0.*unknown field 'propertes'"):
+        block.save(name())
+    block.filters[0].conditions[0].field = "properties.plan"
+    block.filters.append(TYPO_RULE)
+    with pytest.raises(ValidationError, match="filters.1"):
+        block.save(name())

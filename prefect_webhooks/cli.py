@@ -192,7 +192,7 @@ def rotate_secret(
     ] = False,
     window: Annotated[
         str,
-        typer.Option(help="How long the old secret stays valid: seconds, or 30m, 24h, 7d; 0 switches at once."),
+        typer.Option(help="How long the old secret stays valid: seconds, or 90s, 30m, 24h, 7d; 0 switches at once."),
     ] = "24h",
     force: Annotated[
         bool,
@@ -204,12 +204,13 @@ def rotate_secret(
     The secret is never a command-line argument (shell history, process lists): generate one, or read it from an
     environment variable or standard input.
     """
-    from prefect_webhooks.blocks.rotation import describe_rotation, parse_window, rotate_destination_secret
+    from prefect_webhooks.blocks.rotation import describe_rotation, rotate_destination_secret
+    from prefect_webhooks.utilities.durations import parse_duration
 
     if sum((generate, from_env is not None, from_stdin)) != 1:
         raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")
     try:
-        window_length = parse_window(window)
+        window_length = parse_duration(window)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--window") from None
     new_secret: str | None = None

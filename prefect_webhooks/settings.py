@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prefect_webhooks.utilities.durations import duration_seconds
 
 DEFAULT_HOME = Path.home() / ".prefect-webhooks"
 
@@ -146,6 +149,36 @@ class ServeSettings(_SettingsGroup):
     )
 
 
+# Seconds, written in the environment as ``90``, ``90s``, ``15m``, ``24h`` or ``7d``.
+Duration = Annotated[float, BeforeValidator(duration_seconds)]
+
+
+class RetentionSettings(_SettingsGroup):
+    """How long the store and the Prefect server keep what delivery leaves behind, and how often it is pruned."""
+
+    retention_delivered: Duration = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="How long delivered and filtered messages, with their attempt records, are kept after they got "
+        "there (`90s`, `15m`, `24h`, `7d` or seconds).",
+    )
+    retention_failed: Duration = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="How long failed messages, with their attempt records, are kept after they failed: the window "
+        "`replay` can put them back in.",
+    )
+    retention_interval: Duration = Field(
+        default=300.0, gt=0, description="How often `serve` runs a pruning pass over the store."
+    )
+    retention_runs: Duration = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="How long the Prefect server keeps the flow runs (with their task runs, logs and artifacts) of "
+        "prefect-webhooks' own deployments and pruning passes after they ended.",
+    )
+
+
 class WebhooksSettings(BaseModel):
     """Every knob of prefect-webhooks, by concern; each group reads its own ``PREFECT_WEBHOOKS_*`` variables."""
 
@@ -154,6 +187,7 @@ class WebhooksSettings(BaseModel):
     ingest: IngestSettings = Field(default_factory=IngestSettings, description="The ingest API.")
     client: ClientSettings = Field(default_factory=ClientSettings, description="The Analytics client.")
     serve: ServeSettings = Field(default_factory=ServeSettings, description="What `serve` serves.")
+    retention: RetentionSettings = Field(default_factory=RetentionSettings, description="Retention and pruning.")
 
     def resolved_endpoint(self) -> str:
         """The ingest API base URL clients send to."""

@@ -160,6 +160,35 @@ def status(
 
 
 @app.command()
+def prune(
+    store_only: Annotated[
+        bool,
+        typer.Option("--store-only", help="Prune the store alone: no flow run in Prefect, old Prefect runs kept."),
+    ] = False,
+) -> None:
+    """Run one retention pass now: messages past PREFECT_WEBHOOKS_RETENTION_DELIVERED / _FAILED (with their attempt
+    records), old messageIds, and prefect-webhooks' flow runs older than PREFECT_WEBHOOKS_RETENTION_RUNS."""
+    from prefect_webhooks.utilities.tables import table_text
+
+    if store_only:
+        from prefect_webhooks.store.retention import prune_store
+
+        report = prune_store()
+        if not report.skipped:
+            print(table_text(tuple(report.table()[0]), [tuple(row.values()) for row in report.table()]))
+        print(report.summary())
+        return
+    from prefect import tags
+
+    from prefect_webhooks.flows.old_runs import OUR_TAG
+    from prefect_webhooks.flows.prune import prune as prune_flow
+
+    with tags(OUR_TAG):
+        result = prune_flow()
+    print(table_text(("removed or measured", "count"), list(result.items())))
+
+
+@app.command()
 def demo(
     run_dir: Annotated[
         Path | None,

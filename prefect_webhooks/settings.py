@@ -54,6 +54,12 @@ class DeliverySettings(_SettingsGroup):
     task_retries: int = Field(
         default=2, ge=0, description="Retries of a delivery batch inside one flow run (Prefect task retries)."
     )
+    task_run_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Batches a delivery process claims within this many seconds share one Prefect task run "
+        "(`deliver-batches`): at most one task run per this many seconds per process, whatever the rate.",
+    )
     lease_seconds: float = Field(
         default=120.0, gt=0, description="How long a claim holds messages before another run may take them."
     )

@@ -37,7 +37,7 @@ INTERNAL_STEPS = {
     "prefect_webhooks.flows.ingest.ingest_chunk": "the ingest flow (a task)",
     "prefect_webhooks.flows.ingest.load_source": "the ingest flow",
     "prefect_webhooks.flows.ingest.publish_artifacts": "the ingest flow",
-    "prefect_webhooks.flows.old_runs.remove_old_runs": "the prune flow (users run the flow or `prefect-webhooks prune`)",
+    "prefect_webhooks.flows.old_runs.remove_old_runs": "the prune flow (or `prefect-webhooks prune`)",
 }
 
 

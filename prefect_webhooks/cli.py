@@ -163,7 +163,8 @@ def status(
 def prune(
     store_only: Annotated[
         bool,
-        typer.Option("--store-only", help="Prune the store alone: no flow run in Prefect, old Prefect runs kept."),
+        typer.Option("--store-only", help="Prune the store alone: no flow run in Prefect, old Prefect runs kept "
+                     "(for a store whose Prefect server is away)."),
     ] = False,
 ) -> None:
     """Run one retention pass now: messages past PREFECT_WEBHOOKS_RETENTION_DELIVERED / _FAILED (with their attempt

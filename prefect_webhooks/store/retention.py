@@ -223,10 +223,13 @@ def _message_step(state: str, cutoff: datetime, limit: int, report: PruneReport)
             .limit(limit)
         )
         if connection.dialect.name == "postgresql":
-            # Rows another transaction holds (a replay, a purge) are left for the next pass: never a lock wait.
+            # Rows another transaction holds (a replay, a purge) are left for the next pass: never a lock wait. The
+            # choice is materialized once: as a plain ``IN (subquery)`` PostgreSQL may run it again inside the
+            # join, and a locking LIMIT subquery run twice removes more than ``limit`` rows.
             chosen = chosen.with_for_update(skip_locked=True)
+        picked = chosen.cte("chosen").prefix_with("MATERIALIZED")
         removed = connection.execute(
-            delete(OUTBOX).where(OUTBOX.c.id.in_(chosen.scalar_subquery()), OUTBOX.c.state == state)
+            delete(OUTBOX).where(OUTBOX.c.id.in_(select(picked.c.id)), OUTBOX.c.state == state)
             .returning(OUTBOX.c.id, OUTBOX.c.user_id, OUTBOX.c.source)
         ).all()
         if not removed:

@@ -1,10 +1,9 @@
 """Removal of prefect-webhooks' own old flow runs from the Prefect server, after ``PREFECT_WEBHOOKS_RETENTION_RUNS``.
 
 The runs of our deployments (``deliver/continuous``, ``deletions/interval``, …) and of ``serve``'s pruning passes
-carry the tag ``prefect-webhooks``; a run with that tag that ended longer ago than the retention is removed with its
-artifacts (deleted one by one first: the server keeps artifacts of a deleted run), its task runs and states (the
-server deletes them with the run) and its logs (Prefect 3.8+ deletes them with the run; older servers leave them
-to Prefect's own database vacuum). Runs of other flows on the same server are never touched, nor is anything
+carry the tag ``prefect-webhooks``; a finished run with that tag that started longer ago than the retention is
+removed with its artifacts (deleted one by one first: the server keeps artifacts of a deleted run), its task runs and
+states and its logs (the server deletes those with the run). Runs of other flows on the same server are never touched, nor is anything
 Prefect keeps on its own schedule (events: ``PREFECT_SERVER_EVENTS_RETENTION_PERIOD``).
 """
 
@@ -18,7 +17,7 @@ from prefect.client.schemas.filters import (
     ArtifactFilter,
     ArtifactFilterFlowRunId,
     FlowRunFilter,
-    FlowRunFilterEndTime,
+    FlowRunFilterStartTime,
     FlowRunFilterState,
     FlowRunFilterStateType,
     FlowRunFilterTags,
@@ -42,7 +41,8 @@ class RunsRemoved:
 
 
 async def remove_old_runs(older_than_seconds: float, *, limit: int = MOST_RUNS_PER_PASS) -> RunsRemoved:
-    """Remove up to ``limit`` of our flow runs that ended more than ``older_than_seconds`` ago, oldest first.
+    """Remove up to ``limit`` of our finished flow runs that started more than ``older_than_seconds`` ago, oldest
+    first.
 
     Args:
         older_than_seconds: The retention (``PREFECT_WEBHOOKS_RETENTION_RUNS``).
@@ -58,7 +58,8 @@ async def remove_old_runs(older_than_seconds: float, *, limit: int = MOST_RUNS_P
             flow_run_filter=FlowRunFilter(
                 tags=FlowRunFilterTags(all_=[OUR_TAG]),
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=FINISHED)),
-                end_time=FlowRunFilterEndTime(before_=cutoff),
+                # Start, not end: the end-time filter is missing from older Prefect clients.
+                start_time=FlowRunFilterStartTime(before_=cutoff),
             ),
             sort=FlowRunSort.START_TIME_ASC,
             limit=limit,

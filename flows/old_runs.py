@@ -3,8 +3,8 @@
 The runs of our deployments (``deliver/continuous``, ``deletions/interval``, …) and of ``serve``'s pruning passes
 carry the tag ``prefect-webhooks``; a finished run with that tag that started longer ago than the retention is
 removed with its artifacts (deleted one by one first: the server keeps artifacts of a deleted run), its task runs and
-states and its logs (the server deletes those with the run). Runs of other flows on the same server are never touched, nor is anything
-Prefect keeps on its own schedule (events: ``PREFECT_SERVER_EVENTS_RETENTION_PERIOD``).
+states and its logs (the server deletes those with the run). Runs of other flows on the same server are never
+touched, nor is anything Prefect keeps on its own schedule (events: ``PREFECT_SERVER_EVENTS_RETENTION_PERIOD``).
 """
 
 from __future__ import annotations

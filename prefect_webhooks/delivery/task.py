@@ -52,12 +52,22 @@ class BatchWindow:
         self.queue: asyncio.Queue[tuple[ClaimedBatch, asyncio.Future[BatchResult]] | None] = asyncio.Queue()
         self.held: list[Claimed] = []
         """Rows kept leased for the window's next try."""
+        self.futures: list[asyncio.Future[BatchResult]] = []
 
     def submit(self, batch: ClaimedBatch) -> asyncio.Future[BatchResult]:
         """Hand a batch to the window's task run; the future holds its first try's result."""
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
         self.queue.put_nowait((batch, future))
         return future
+
+    def abandon(self, reason: BaseException) -> None:
+        """The task run ended without sending some batches (it could not start, or was cancelled): fail them, so the
+        claim loop goes on; their rows stay leased and come back when the lease expires."""
+        self.close()
+        for future in self.futures:
+            if not future.done():
+                future.set_exception(reason)
 
     def close(self) -> None:
         """Take no more batches; the task run ends its first try once the batches it has are recorded."""
@@ -153,16 +163,21 @@ class TaskWindows:
             if self.window is not None:
                 self.window.close()
             self.window = BatchWindow(now + self.seconds)
-            run = asyncio.ensure_future(self.task(self.window, self.context))
+            window = self.window
+            # Closed on time even if no batch comes after it: its held rows are retried within their lease.
+            asyncio.get_running_loop().call_at(window.closes_at, window.close)
+            run = asyncio.ensure_future(self.task(window, self.context))
             self.runs.add(run)
-            run.add_done_callback(self._finished)
+            run.add_done_callback(lambda ended: self._finished(ended, window))
         return await self.window.submit(batch)
 
-    def _finished(self, run: asyncio.Future[Any]) -> None:
+    def _finished(self, run: asyncio.Future[Any], window: BatchWindow) -> None:
         self.runs.discard(run)
-        if not run.cancelled() and run.exception() is not None:
+        error = None if run.cancelled() else run.exception()
+        window.abandon(error or RuntimeError("the deliver-batches task run ended before sending this batch"))
+        if error is not None:
             # Its batches' failures were logged by the claim loop; this is the task run's own state.
-            logger.debug("a deliver-batches task run failed: %s", type(run.exception()).__name__)
+            logger.debug("a deliver-batches task run failed: %s", type(error).__name__)
 
     async def finish(self) -> None:
         """Close the open window and wait for every task run (retries included) to end."""

@@ -125,8 +125,11 @@ class IngestSettings(_SettingsGroup):
             "waits for the next reload, so a source saved just before it is found."
         ),
     )
-    dedupe_window_seconds: float = Field(
-        default=24 * 3600.0, gt=0, description="How long a messageId is remembered per source."
+    dedupe_window_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long a messageId is remembered per source; empty: as long as delivered messages are kept "
+        "(`PREFECT_WEBHOOKS_RETENTION_DELIVERED`, 24 h).",
     )
 
 
@@ -194,6 +197,11 @@ class WebhooksSettings(BaseModel):
     client: ClientSettings = Field(default_factory=ClientSettings, description="The Analytics client.")
     serve: ServeSettings = Field(default_factory=ServeSettings, description="What `serve` serves.")
     retention: RetentionSettings = Field(default_factory=RetentionSettings, description="Retention and pruning.")
+
+    def dedupe_window(self) -> float:
+        """Seconds a messageId is remembered: the dedupe setting, or else the delivered messages' retention (what the
+        store keeps of a delivered message, its row, its attempts and its messageId, it keeps equally long)."""
+        return self.ingest.dedupe_window_seconds or self.retention.retention_delivered
 
     def resolved_endpoint(self) -> str:
         """The ingest API base URL clients send to."""

@@ -298,11 +298,11 @@ def commit_batches(
     """Write prepared batches inside the caller's transaction; one result per batch, in order.
 
     A messageId already accepted from the same source within ``window_seconds`` (default: the
-    ``dedupe_window_seconds`` setting) before the batch's receipt is a duplicate; so is a repeat inside these
+    ``dedupe_window`` of the settings) before the batch's receipt is a duplicate; so is a repeat inside these
     batches. Calls about a user suppressed for the source (or for ``*``) are dropped and counted.
     """
     if window_seconds is None:
-        window_seconds = get_settings().ingest.dedupe_window_seconds
+        window_seconds = get_settings().dedupe_window()
     window = timedelta(seconds=window_seconds)
     by_source: dict[str, list[int]] = {}
     for position, batch in enumerate(batches):

@@ -20,7 +20,7 @@ from prefect_webhooks.cli import app, main
 from tests.docs_pages import page, section
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "prune", "demo")
+COMMANDS = ("ingest", "serve", "status", "prune", "demo", "preview")
 
 
 def _script() -> str:

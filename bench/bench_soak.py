@@ -364,6 +364,38 @@ def capacity_steps(bench: Bench, rates: list[int], seconds: float) -> int:
     return capacity
 
 
+def health_times(url: str, count: int = 40) -> list[float]:
+    """Answer times of ``count`` requests to ``url``, one after the other."""
+    import httpx
+
+    times = []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(count):
+            started_at = time.perf_counter()
+            client.get(url).raise_for_status()
+            times.append(time.perf_counter() - started_at)
+    return times
+
+
+def status_times(url: str, count: int = 40) -> list[float]:
+    """What ``prefect-webhooks status`` does after its imports (read the store, build the table), ``count`` times."""
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.metrics import backlog_snapshot, status_table
+
+    engine = get_engine(url)
+    times = []
+    for _ in range(count):
+        started_at = time.perf_counter()
+        status_table(backlog_snapshot(engine))
+        times.append(time.perf_counter() - started_at)
+    return times
+
+
+def bytes_per_message(store: Path, count: int) -> str:
+    """The SQLite store's files per message of its history (what the synthesized rows take, indexes included)."""
+    return f"; store {file_sizes(store)[0] / 1e6:,.0f} MB = {file_sizes(store)[0] / count:,.0f} B per message"
+
+
 def phase_history(bench: Bench) -> bool:
     args = bench.args
     results = {}
@@ -373,8 +405,9 @@ def phase_history(bench: Bench) -> bool:
             url = (postgres.fresh_database() if postgres else
                    f"sqlite:///{bench.workdir / f'history-{uuid.uuid4().hex[:6]}.db'}")
             seconds = synthesize_history(url, count, old=False) if count else 0.0
-            print(f"\nhistory ({args.history_store}): {label}" + (f", synthesized in {seconds:.0f} s" if count else ""),
-                  flush=True)
+            size = bytes_per_message(Path(url.removeprefix("sqlite:///")), count) if count and not postgres else ""
+            print(f"\nhistory ({args.history_store}): {label}" + (f", synthesized in {seconds:.0f} s" if count else "")
+                  + size, flush=True)
             with bench.serve(url) as serve:
                 bench.wait_ready(serve)
                 bench.arrived(bench.load(args.capacity_rates[0], 10))
@@ -387,6 +420,10 @@ def phase_history(bench: Bench) -> bool:
                 print(f"  /metrics idle p50 {ms(statistics.median(idle))} ms p95 {ms(quantile(idle, 0.95))} ms; at "
                       f"{args.capacity_rates[0]:,}/s p50 {ms(statistics.median(busy))} ms p95 "
                       f"{ms(quantile(busy, 0.95))} ms", flush=True)
+                backlog, status = health_times(f"{bench.ingest_url}/health/backlog"), status_times(url)
+                print(f"  idle: /health/backlog p50 {ms(statistics.median(backlog))} ms p95 "
+                      f"{ms(quantile(backlog, 0.95))} ms; `status` (its store read and table, in one process) p50 "
+                      f"{ms(statistics.median(status))} ms p95 {ms(quantile(status, 0.95))} ms", flush=True)
                 results[label] = capacity_steps(bench, args.capacity_rates, args.step_seconds)
                 print(f"  capacity: {results[label]:,} events/s", flush=True)
     fresh, aged = results.values()

@@ -183,8 +183,8 @@ class RetentionSettings(_SettingsGroup):
     retention_runs: Duration = Field(
         default=7 * 86400.0,
         gt=0,
-        description="How long the Prefect server keeps the flow runs (with their task runs, logs and artifacts) of "
-        "prefect-webhooks' own deployments and pruning passes after they ended.",
+        description="How long the Prefect server keeps the finished flow runs (with their task runs, logs and "
+        "artifacts) of prefect-webhooks' own deployments and pruning passes, counted from their start.",
     )
 
 

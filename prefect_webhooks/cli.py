@@ -192,13 +192,7 @@ def deploy(
     The same deployments serve runs, from the installed package: no clone or prefect.yaml needed. Then start a worker
     on each host that delivers: prefect worker start --pool POOL.
     """
-    from prefect_webhooks.utilities.prefect_api import require_prefect_api
-
-    try:
-        require_prefect_api()
-    except LookupError as exc:
-        print(f"deploy: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    _exit_without_prefect_api("deploy")
     from prefect_webhooks.deployments.work_pool import deploy_to_work_pool
 
     try:
@@ -212,6 +206,37 @@ def deploy(
     if done.first_deliver_run:
         print(f"first deliver run {done.first_deliver_run} started: a worker picks it up at its next poll")
     print(f"start a worker on each host that delivers: prefect worker start --pool {pool}")
+
+
+@app.command()
+def prune(
+    store_only: Annotated[
+        bool,
+        typer.Option("--store-only", help="Prune the store alone: no flow run in Prefect, old Prefect runs kept "
+                     "(for a store whose Prefect server is away)."),
+    ] = False,
+) -> None:
+    """Run one retention pass now: messages past PREFECT_WEBHOOKS_RETENTION_DELIVERED / _FAILED (with their attempt
+    records), old messageIds, and prefect-webhooks' flow runs older than PREFECT_WEBHOOKS_RETENTION_RUNS."""
+    from prefect_webhooks.utilities.tables import table_text
+
+    if store_only:
+        from prefect_webhooks.store.retention import prune_store
+
+        report = prune_store()
+        if not report.skipped:
+            print(table_text(tuple(report.table()[0]), [tuple(row.values()) for row in report.table()]))
+        print(report.summary())
+        return
+    _exit_without_prefect_api("prune", also="or prune the store alone with --store-only")
+    from prefect import tags
+
+    from prefect_webhooks.flows.old_runs import OUR_TAG
+    from prefect_webhooks.flows.prune import prune as prune_flow
+
+    with tags(OUR_TAG):
+        result = prune_flow()
+    print(table_text(("removed or measured", "count"), list(result.items())))
 
 
 @app.command()
@@ -229,13 +254,7 @@ def preview(
     from prefect_webhooks.blocks.saved import is_missing_block
     from prefect_webhooks.blocks.validated import InvalidBlockError
     from prefect_webhooks.delivery.preview import check_messages, preview_requests
-    from prefect_webhooks.utilities.prefect_api import require_prefect_api
-
-    try:
-        require_prefect_api()
-    except LookupError as exc:
-        print(f"preview: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    _exit_without_prefect_api("preview")
     try:
         text = sys.stdin.read() if str(message) == "-" else message.read_text(encoding="utf-8")
         messages = check_messages(json.loads(text))
@@ -287,7 +306,7 @@ def rotate_secret(
     ] = False,
     window: Annotated[
         str,
-        typer.Option(help="How long the old secret stays valid: seconds, or 30m, 24h, 7d; 0 switches at once."),
+        typer.Option(help="How long the old secret stays valid: seconds, or 90s, 30m, 24h, 7d; 0 switches at once."),
     ] = "24h",
     force: Annotated[
         bool,
@@ -300,18 +319,13 @@ def rotate_secret(
     environment variable or standard input.
     """
     from prefect_webhooks.blocks.destination import RotationInProgress
-    from prefect_webhooks.blocks.rotation import describe_rotation, parse_window, rotate_destination_secret
-    from prefect_webhooks.utilities.prefect_api import require_prefect_api
-
-    try:
-        require_prefect_api()
-    except LookupError as exc:
-        print(f"rotate-secret: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    from prefect_webhooks.blocks.rotation import describe_rotation, rotate_destination_secret
+    from prefect_webhooks.utilities.durations import parse_duration
+    _exit_without_prefect_api("rotate-secret")
     if sum((generate, from_env is not None, from_stdin)) != 1:
         raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")
     try:
-        window_length = parse_window(window)
+        window_length = parse_duration(window)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--window") from None
     new_secret: str | None = None
@@ -348,3 +362,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _exit_without_prefect_api(command: str, also: str = "") -> None:
+    """Exit 1 with one line saying what to set when no Prefect API URL is set (Prefect would start a temporary
+    server that loses its records)."""
+    from prefect_webhooks.utilities.prefect_api import require_prefect_api
+
+    try:
+        require_prefect_api()
+    except LookupError as exc:
+        print(f"{command}: {exc}" + (f"; {also}" if also else ""), file=sys.stderr)
+        raise typer.Exit(1) from None

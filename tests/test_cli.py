@@ -22,7 +22,7 @@ from prefect_webhooks.store.engines import get_engine
 from tests.docs_pages import page, section
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "deploy", "demo", "preview")
+COMMANDS = ("ingest", "serve", "status", "prune", "deploy", "demo", "preview")
 
 
 def _script() -> str:
@@ -158,6 +158,13 @@ def test_rotate_secret_without_a_prefect_server_refuses_too(tmp_path: Path) -> N
     assert "temporary server" not in done.stdout + done.stderr
 
 
+def test_prune_without_a_prefect_server_refuses_and_names_the_store_only_pass(tmp_path: Path) -> None:
+    done = subprocess.run([_script(), "prune"], env=_newcomer_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "prune: no Prefect server: set PREFECT_API_URL" in done.stderr
+    assert "--store-only" in done.stderr and "temporary server" not in done.stdout + done.stderr
+
+
 def test_status_never_creates_a_store_and_names_the_one_it_reads(tmp_path: Path) -> None:
     env = _newcomer_env(tmp_path)
     missing = subprocess.run([_script(), "status"], env=env, capture_output=True, text=True, timeout=60)
@@ -186,3 +193,16 @@ def test_status_help_names_the_store() -> None:
     shown = " ".join(_help("status").split())
     assert "PREFECT_WEBHOOKS_DATABASE_URL" in shown and "PREFECT_WEBHOOKS_HOME" in shown
     assert "never creates one" in shown
+
+
+def test_prune_store_only_prints_what_it_removed(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import enqueue
+
+    enqueue("crm", [{"type": "track", "userId": "u", "event": "E"}])
+    assert main(["prune", "--store-only"]) == 0
+    out = capsys.readouterr().out
+    # Nothing had ended yet: the pending message is kept, and the table says so.
+    assert "pending messages" in out and "pruned 0 delivered" in out
+    with get_engine().connect() as connection:
+        assert connection.exec_driver_sql("SELECT count(*) FROM outbox").scalar_one() == 1

@@ -10,7 +10,6 @@ saved block.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -158,14 +157,3 @@ def _during_window(outcome: RotationOutcome) -> str:
         carried.append("webhook-signature carries a signature with each secret")
     return " and ".join(carried) or "the old secret stays valid"
 
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_window(text: str) -> timedelta:
-    """A duration such as ``90``, ``90s``, ``30m``, ``24h`` or ``7d``."""
-    found = _DURATION.match(text)
-    if not found:
-        raise ValueError(f"not a duration: {text!r} (use seconds, or 30m, 24h, 7d)")
-    return timedelta(seconds=float(found.group(1)) * _UNIT_SECONDS[found.group(2)])

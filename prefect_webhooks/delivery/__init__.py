@@ -5,7 +5,8 @@ Read in this order:
 
 - ``claims``: ``deliver_due``, the claim loop, with its ``DeliveryOptions`` (and a delivery worker's ``Shift``).
 - ``batch``: one try of a claimed batch: send every message to every URL of its destination, decide, record.
-- ``task``: the same try as the Prefect task ``deliver-batch``, whose retries (from settings) resend what is left.
+- ``task``: the Prefect task ``deliver-batches`` (the batches of one window of ``task_run_seconds``), whose
+  retries (from settings) resend what is left.
 - ``decision``: what becomes of one message after its requests: delivered, retried when, or failed and why.
 - ``sender``: the process's one aiohttp session (keep-alive, at most ``delivery_concurrency`` in flight).
 - ``request_shape``: what one request to one endpoint carries: method, (mapped) body, headers and signatures.

@@ -79,7 +79,7 @@ def _drop_filtered(
     """Take out the messages a destination filter drops: they end ``filtered`` with the rule as reason, unsent."""
     send, dropped = split_filtered(ready, lambda item: item[0].body, lambda item: item[1].filters)
     for (row, destination), reason in dropped:
-        writes.records.filtered.append(Filtered(row.id, reason))
+        writes.records.filtered.append(Filtered(row.id, reason, row.destination))
         key = (destination.name, reason)
         stats.filtered_by_rule[key] = stats.filtered_by_rule.get(key, 0) + 1
     return send

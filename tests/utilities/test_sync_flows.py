@@ -30,7 +30,7 @@ INTERNAL_STEPS = {
     "prefect_webhooks.delivery.batch.process_batch": "deliver_due",
     "prefect_webhooks.delivery.batching.hold_for_batch_wait": "process_batch (a destination with batch_wait)",
     "prefect_webhooks.delivery.batching.send_batched": "process_batch (a destination with batch_size)",
-    "prefect_webhooks.delivery.task.deliver_batch": "the deliver flow's task",
+    "prefect_webhooks.delivery.task.deliver_batches": "the deliver flow's task",
     "prefect_webhooks.delivery.claims.deliver_due":
         "the deliver flow (users run the flow: prefect_webhooks.flows.deliver)",
     "prefect_webhooks.flows.deliver.publish_endpoint_artifacts": "the deliver flow",
@@ -39,6 +39,7 @@ INTERNAL_STEPS = {
     "prefect_webhooks.flows.ingest.ingest_chunk": "the ingest flow (a task)",
     "prefect_webhooks.flows.ingest.load_source": "the ingest flow",
     "prefect_webhooks.flows.ingest.publish_artifacts": "the ingest flow",
+    "prefect_webhooks.flows.old_runs.remove_old_runs": "the prune flow (or `prefect-webhooks prune`)",
 }
 
 

@@ -353,7 +353,7 @@ def save_blocks(receiver_url: str) -> str:
 
     write_key = uuid.uuid4().hex
     WebhookDestination(endpoints=[{"url": receiver_url, "headers": {"X-Api-Key": "bench"}}],
-                       shared_secret="bench-secret").save(DESTINATION, overwrite=True)
+                       shared_secret="bench-secret-0001").save(DESTINATION, overwrite=True)
     Source(write_key=write_key, destinations=[DESTINATION]).save(SOURCE, overwrite=True)
     return "Basic " + base64.b64encode(f"{write_key}:".encode()).decode()
 

@@ -162,7 +162,7 @@ async def ours(
     from prefect_webhooks.store.outbox import enqueue
 
     enqueue("bench", payloads, engine=get_engine(url))
-    options = {"shared_secret": "s3cret", **block_options}
+    options = {"shared_secret": "bench-s3cret-0001", **block_options}
     block = WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}], **options)
     async with Sender() as sender:
         context = DeliveryContext(get_engine(url), sender)
@@ -184,7 +184,7 @@ async def through_flow(
     from prefect_webhooks.store.outbox import enqueue
 
     await WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}],
-                             shared_secret="s3cret").save("bench", overwrite=True)
+                             shared_secret="bench-s3cret-0001").save("bench", overwrite=True)
     enqueue("bench", payloads, engine=get_engine(url))
     started, cpu = time.perf_counter(), time.process_time()
     summary = await deliver(batch_size=batch_size, parallel_batches=parallel)

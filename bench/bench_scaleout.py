@@ -37,7 +37,8 @@ async def _worker(sink_url: str) -> dict:
     from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
     from prefect_webhooks.store.engines import get_engine
 
-    block = WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}], shared_secret="s3cret")
+    block = WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}],
+                               shared_secret="bench-s3cret-0001")
     async with Sender() as sender:
         context = DeliveryContext(get_engine(), sender)
         context.destinations.remember("bench", block)

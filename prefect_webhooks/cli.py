@@ -122,7 +122,8 @@ def serve(
 ) -> None:
     """Run the ingest API, the delivery workers and the served deployments (deployments/prefect.yaml) here.
 
-    Needs PREFECT_API_URL (a running Prefect server). Exits 1 when a part dies, so a process manager restarts it.
+    Needs PREFECT_API_URL (a running Prefect server) and refuses to start without one. Prints where the store is.
+    Exits 1 when a part dies, so a process manager restarts it.
     """
     from prefect_webhooks.serving.service import serve as run_service
 
@@ -147,16 +148,64 @@ def status(
         bool, typer.Option("--prometheus", help="Print the Prometheus text instead of a table.")
     ] = False,
 ) -> None:
-    """Print backlog depth, oldest pending age and outcome counts per destination, read from the store."""
+    """Print backlog depth, oldest pending age and outcome counts per destination, read from the store.
+
+    The store is PREFECT_WEBHOOKS_DATABASE_URL, or the SQLite file webhooks.db in PREFECT_WEBHOOKS_HOME
+    (~/.prefect-webhooks by default); its location is printed first (to standard error with --json or --prometheus).
+    A store that does not exist is an error: status never creates one.
+    """
+    from prefect_webhooks.settings import get_settings
+    from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
     from prefect_webhooks.store.metrics import backlog_snapshot, health_document, prometheus_text, status_table
 
-    snapshot = backlog_snapshot()
+    try:
+        engine = open_existing_store()
+    except StoreNotFound as exc:
+        print(f"status: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(f"store: {get_settings().store.location()}",
+          file=sys.stderr if as_json or prometheus else sys.stdout)
+    snapshot = backlog_snapshot(engine)
     if as_json:
         print(json.dumps(health_document(snapshot), indent=2))
     elif prometheus:
         print(prometheus_text(snapshot), end="")
     else:
         print(status_table(snapshot))
+
+
+@app.command()
+def deploy(
+    pool: Annotated[
+        str,
+        typer.Option(help="Process work pool to deploy to; created when missing (names starting with 'prefect' are "
+                     "Prefect's)."),
+    ],
+    run: Annotated[
+        bool,
+        typer.Option("--run/--no-run", help="Start a first deliver/continuous run at once instead of at the next "
+                     "scheduled one."),
+    ] = True,
+) -> None:
+    """Deploy the served deployments (deployments/prefect.yaml and the audiences file) to a work pool.
+
+    The same deployments serve runs, from the installed package: no clone or prefect.yaml needed. Then start a worker
+    on each host that delivers: prefect worker start --pool POOL.
+    """
+    _exit_without_prefect_api("deploy")
+    from prefect_webhooks.deployments.work_pool import deploy_to_work_pool
+
+    try:
+        done = deploy_to_work_pool(pool, start_delivery=run)
+    except ValueError as exc:
+        print(f"deploy: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    if done.pool_created:
+        print(f"work pool {pool!r} created (type process)")
+    print(f"deployed to work pool {pool!r}: {', '.join(done.deployments)}")
+    if done.first_deliver_run:
+        print(f"first deliver run {done.first_deliver_run} started: a worker picks it up at its next poll")
+    print(f"start a worker on each host that delivers: prefect worker start --pool {pool}")
 
 
 @app.command()
@@ -179,6 +228,7 @@ def prune(
             print(table_text(tuple(report.table()[0]), [tuple(row.values()) for row in report.table()]))
         print(report.summary())
         return
+    _exit_without_prefect_api("prune", also="or prune the store alone with --store-only")
     from prefect import tags
 
     from prefect_webhooks.flows.old_runs import OUR_TAG
@@ -202,8 +252,9 @@ def preview(
     without sending anything; secret header values are masked."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.blocks.saved import is_missing_block
+    from prefect_webhooks.blocks.validated import InvalidBlockError
     from prefect_webhooks.delivery.preview import check_messages, preview_requests
-
+    _exit_without_prefect_api("preview")
     try:
         text = sys.stdin.read() if str(message) == "-" else message.read_text(encoding="utf-8")
         messages = check_messages(json.loads(text))
@@ -212,6 +263,9 @@ def preview(
         raise typer.Exit(1) from None
     try:
         block = WebhookDestination.load(destination)
+    except InvalidBlockError as exc:
+        print(f"preview: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
     except Exception as exc:
         reason = "no such block" if is_missing_block(exc) else f"cannot be loaded ({type(exc).__name__})"
         print(f"preview: WebhookDestination {destination!r}: {reason}", file=sys.stderr)
@@ -264,9 +318,10 @@ def rotate_secret(
     The secret is never a command-line argument (shell history, process lists): generate one, or read it from an
     environment variable or standard input.
     """
+    from prefect_webhooks.blocks.destination import RotationInProgress
     from prefect_webhooks.blocks.rotation import describe_rotation, rotate_destination_secret
     from prefect_webhooks.utilities.durations import parse_duration
-
+    _exit_without_prefect_api("rotate-secret")
     if sum((generate, from_env is not None, from_stdin)) != 1:
         raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")
     try:
@@ -283,6 +338,10 @@ def rotate_secret(
         new_secret = sys.stdin.readline().rstrip("\r\n")
     try:
         outcome = rotate_destination_secret(block, new_secret, window_length, force)
+    except RotationInProgress as exc:
+        print(f"rotate-secret: a rotation of {exc.name!r} is in progress until {exc.until.isoformat()}; rotate again "
+              "after it ends, or add --force to drop the older secret now", file=sys.stderr)
+        raise typer.Exit(1) from None
     except ValueError as exc:
         print(f"rotate-secret: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
@@ -303,3 +362,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _exit_without_prefect_api(command: str, also: str = "") -> None:
+    """Exit 1 with one line saying what to set when no Prefect API URL is set (Prefect would start a temporary
+    server that loses its records)."""
+    from prefect_webhooks.utilities.prefect_api import require_prefect_api
+
+    try:
+        require_prefect_api()
+    except LookupError as exc:
+        print(f"{command}: {exc}" + (f"; {also}" if also else ""), file=sys.stderr)
+        raise typer.Exit(1) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,6 +39,21 @@ class StoreSettings(_SettingsGroup):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.home / 'webhooks.db'}"
+
+    def location(self) -> str:
+        """Where the store is, to show people: the SQLite file's path, or the URL with its password hidden."""
+        return store_location(self.resolved_database_url())
+
+
+def store_location(url: str) -> str:
+    """``url`` as people read it: a SQLite file's path, or the URL with ``***`` for its password."""
+    if url.startswith("sqlite"):
+        return url.split("///", 1)[-1] or url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class DeliverySettings(_SettingsGroup):

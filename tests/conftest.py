@@ -44,6 +44,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """A real Prefect API (temporary SQLite database), started once per session (~9 s)."""
+    # A flow run left Cancelling (its process gone) is marked Cancelled after this; 300 s by default, 10 s here so
+    # the work-pool test sees the end of the remedy docs/guides/deploying.md gives (Prefect releases without the
+    # setting ignore it).
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_CANCELLING_TIMEOUT_SECONDS", "10")
     with prefect_test_harness(server_startup_timeout=120):
         yield
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,10 +18,11 @@ import pytest
 import typer
 
 from prefect_webhooks.cli import app, main
+from prefect_webhooks.store.engines import get_engine
 from tests.docs_pages import page, section
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "prune", "demo", "preview")
+COMMANDS = ("ingest", "serve", "status", "prune", "deploy", "demo", "preview")
 
 
 def _script() -> str:
@@ -128,6 +130,69 @@ def test_the_command_line_loads_without_prefect_or_settings() -> None:
     heavy = {"prefect", "httpx", "pydantic", "pydantic_settings", "sqlalchemy", "prefect_webhooks.settings"}
     assert "prefect_webhooks.cli" in loaded
     assert sorted(heavy.intersection(loaded)) == []
+
+
+def _newcomer_env(home: Path, **extra: str) -> dict[str, str]:
+    """A shell with no Prefect or package settings, a Prefect home of its own (so Prefect's default profile, whose
+    "ephemeral" mode starts temporary servers) and a package home in ``home``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    return {**env, "PREFECT_HOME": str(home / ".prefect"), "PREFECT_WEBHOOKS_HOME": str(home / "store"), **extra}
+
+
+def test_serve_without_a_prefect_server_refuses_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = subprocess.run([_script(), "serve", "--port", str(free_port())], env=_newcomer_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "prefect-webhooks serve: no Prefect server: set PREFECT_API_URL" in done.stderr
+    assert "`prefect server start`" in done.stderr
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "store").exists()  # nothing started, not even the store
+
+
+def test_rotate_secret_without_a_prefect_server_refuses_too(tmp_path: Path) -> None:
+    done = subprocess.run([_script(), "rotate-secret", "crm", "--generate"], env=_newcomer_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "rotate-secret: no Prefect server: set PREFECT_API_URL" in done.stderr
+    assert "temporary server" not in done.stdout + done.stderr
+
+
+def test_prune_without_a_prefect_server_refuses_and_names_the_store_only_pass(tmp_path: Path) -> None:
+    done = subprocess.run([_script(), "prune"], env=_newcomer_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and "prune: no Prefect server: set PREFECT_API_URL" in done.stderr
+    assert "--store-only" in done.stderr and "temporary server" not in done.stdout + done.stderr
+
+
+def test_status_never_creates_a_store_and_names_the_one_it_reads(tmp_path: Path) -> None:
+    env = _newcomer_env(tmp_path)
+    missing = subprocess.run([_script(), "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert f"status: no store at {tmp_path / 'store' / 'webhooks.db'}" in missing.stderr
+    assert "PREFECT_WEBHOOKS_HOME" in missing.stderr
+    assert not (tmp_path / "store").exists()
+
+    get_engine(f"sqlite:///{tmp_path / 'store' / 'webhooks.db'}")  # a store, as serve creates it
+    table = subprocess.run([_script(), "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and table.stdout.startswith(f"store: {tmp_path / 'store' / 'webhooks.db'}\n")
+    as_json = subprocess.run([_script(), "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert json.loads(as_json.stdout)["totals"]["pending"] == 0  # stdout stays JSON: the store goes to stderr
+    assert f"store: {tmp_path / 'store' / 'webhooks.db'}" in as_json.stderr
+
+
+def test_status_shows_a_database_url_without_its_password(tmp_path: Path) -> None:
+    url = "postgresql://webhooks:pa55word@127.0.0.1:1/nowhere"
+    done = subprocess.run([_script(), "status"], env=_newcomer_env(tmp_path, PREFECT_WEBHOOKS_DATABASE_URL=url),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "postgresql://webhooks:***@127.0.0.1:1/nowhere" in done.stderr
+    assert "pa55word" not in done.stderr
+
+
+def test_status_help_names_the_store() -> None:
+    shown = " ".join(_help("status").split())
+    assert "PREFECT_WEBHOOKS_DATABASE_URL" in shown and "PREFECT_WEBHOOKS_HOME" in shown
+    assert "never creates one" in shown
 
 
 def test_prune_store_only_prints_what_it_removed(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:

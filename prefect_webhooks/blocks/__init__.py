@@ -2,23 +2,27 @@
 destinations enabled on it; a ``WebhookDestination`` holds one to five ``WebhookEndpoint``s (URL, static headers,
 method, mapping, and a ``BearerToken``, ``OAuth2ClientCredentials`` or ``ClientCertificate`` from ``endpoint_auth``),
 an optional shared secret (rotated with no downtime, ``rotation``) and filter rules (``filter_rules``). Every field
-is checked when a block is built. Inbound reads the sources, delivery the destinations; ``saved`` loads and saves
+is checked whenever a block is built or changed, and a stored block that is broken loads with an error naming the
+field (``validated``). Inbound reads the sources, delivery the destinations; ``saved`` loads and saves
 blocks from async code on every supported Prefect release. Prefect registers the blocks from this package (the
 ``prefect.collections`` entry point).
 """
 
-from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.destination import RotationInProgress, WebhookDestination
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.endpoint_auth import BearerToken, ClientCertificate, OAuth2ClientCredentials
 from prefect_webhooks.blocks.filter_rules import Condition, FilterRule
 from prefect_webhooks.blocks.source import Source
+from prefect_webhooks.blocks.validated import InvalidBlockError
 
 __all__ = [
     "BearerToken",
     "ClientCertificate",
     "Condition",
     "FilterRule",
+    "InvalidBlockError",
     "OAuth2ClientCredentials",
+    "RotationInProgress",
     "Source",
     "WebhookDestination",
     "WebhookEndpoint",

@@ -7,9 +7,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from prefect._internal.compatibility.async_dispatch import async_dispatch
-from prefect.blocks.core import Block
 from pydantic import (
-    ConfigDict,
     Field,
     SecretStr,
     SerializationInfo,
@@ -22,6 +20,7 @@ from pydantic import (
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.filter_rules import FilterRule, check_rules
 from prefect_webhooks.blocks.saved import revealed, save_block
+from prefect_webhooks.blocks.validated import ValidatedBlock
 from prefect_webhooks.signing.signatures import decode_secret, generate_secret
 
 MAX_ENDPOINTS = 5
@@ -33,9 +32,23 @@ DOCS_URL = "https://github.com/prefect-webhooks/prefect-webhooks#readme"
 
 # How long a rotated-out secret stays valid by default (as Svix keeps an old endpoint secret).
 DEFAULT_ROTATION_WINDOW = timedelta(hours=24)
+# The shortest shared secret accepted: 16 characters (128 bits when random). A generated one (``generate_secret``) is
+# ``whsec_`` + base64 of 32 random bytes, 50 characters.
+MIN_SECRET_LENGTH = 16
 
 
-class WebhookDestination(Block):
+class RotationInProgress(ValueError):
+    """A rotation was asked for while the previous one's window is still open (pass ``force=True`` to drop the
+    older secret now)."""
+
+    def __init__(self, name: str, until: datetime) -> None:
+        self.name = name
+        self.until = until
+        super().__init__(f"a rotation of {name!r} is in progress until {until.isoformat()}; rotate again after it "
+                         "ends, or pass force=True to drop the older secret now")
+
+
+class WebhookDestination(ValidatedBlock):
     """A customer's webhook destination: one to five endpoint URLs and an optional shared secret.
 
     A message is posted to every URL; once any one answers 2xx it counts as delivered. Every request carries the
@@ -72,12 +85,10 @@ class WebhookDestination(Block):
 
         WebhookDestination(
             endpoints=[{"url": "https://hooks.example.com/in", "headers": {"Authorization": "Bearer abc"}}],
-            shared_secret="s3cret",
+            shared_secret=WebhookDestination.generate_secret(),
         ).save("crm-webhooks")
         ```
     """
-
-    model_config = ConfigDict(hide_input_in_errors=True)
 
     _block_type_name = "Webhook Destination"
     _block_type_slug = "webhook-destination"
@@ -93,8 +104,11 @@ class WebhookDestination(Block):
         default=None,
         description=(
             "When set, each request carries X-Signature: the hex HMAC-SHA1 of the body keyed by it. With Standard "
-            "Webhooks on it also keys webhook-signature and must be whsec_ followed by base64 of 24 to 64 bytes."
+            "Webhooks on it also keys webhook-signature and must be whsec_ followed by base64 of 24 to 64 bytes. "
+            "At least 16 characters."
         ),
+        # Checked in Python by _long_enough (a message that names the rule); here for the UI form.
+        json_schema_extra={"minLength": MIN_SECRET_LENGTH},
     )
     standard_webhooks: bool = Field(
         default=False,
@@ -145,6 +159,14 @@ class WebhookDestination(Block):
     def _count_endpoints(cls, value: Any) -> Any:
         if isinstance(value, list) and not 1 <= len(value) <= MAX_ENDPOINTS:
             raise ValueError(f"a destination has 1 to {MAX_ENDPOINTS} endpoints, got {len(value)}")
+        return value
+
+    @field_validator("shared_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_SECRET_LENGTH:
+            raise ValueError(f"a shared secret has at least {MIN_SECRET_LENGTH} characters, this one "
+                             f"{len(value.get_secret_value())} (WebhookDestination.generate_secret() makes one)")
         return value
 
     @field_validator("previous_secret_expires_at")
@@ -208,9 +230,13 @@ class WebhookDestination(Block):
         return self.shared_secret.get_secret_value() if self.shared_secret else None
 
     @staticmethod
-    def generate_secret() -> str:
-        """A new random secret (``whsec_`` + base64 of 32 bytes): valid for X-Signature and Standard Webhooks."""
-        return generate_secret()
+    def generate_secret() -> SecretStr:
+        """A new random secret (``whsec_`` + base64 of 32 bytes): valid for X-Signature and Standard Webhooks.
+
+        Returns:
+            The secret, as ``rotate_secret`` returns one (``.get_secret_value()`` gives the text).
+        """
+        return SecretStr(generate_secret())
 
     def rotation_active(self, now: datetime | None = None) -> bool:
         """Whether a previous secret is still within its rotation window at ``now`` (default: the current time)."""
@@ -228,8 +254,9 @@ class WebhookDestination(Block):
         if isinstance(new_secret, SecretStr):
             new_secret = new_secret.get_secret_value()
         new_secret = generate_secret() if new_secret is None else new_secret
-        if not new_secret:
-            raise ValueError("new_secret: must not be empty")
+        if len(new_secret) < MIN_SECRET_LENGTH:
+            raise ValueError(f"new_secret: a shared secret has at least {MIN_SECRET_LENGTH} characters, this one "
+                             f"{len(new_secret)}")
         window = window if isinstance(window, timedelta) else timedelta(seconds=window)
         if window < timedelta(0):
             raise ValueError("window: must not be negative")
@@ -239,23 +266,17 @@ class WebhookDestination(Block):
             raise ValueError("new_secret: is the current shared secret")
         if self.rotation_active(now) and not force:
             assert self.previous_secret_expires_at is not None
-            raise ValueError(
-                f"a rotation of {name!r} is in progress until {self.previous_secret_expires_at.isoformat()}; rotate "
-                "again after it ends, or pass force=True to drop the older secret now"
-            )
+            raise RotationInProgress(name, self.previous_secret_expires_at)
         keep_previous = current is not None and window > timedelta(0)
         rotated = self.model_copy(update={
             "shared_secret": SecretStr(new_secret),
             "previous_secret": SecretStr(current) if keep_previous else None,
             "previous_secret_expires_at": now + window if keep_previous else None,
-        })
-        rotated._consistent_secrets()
+        })  # validated: model_copy checks the copy as a new block
         return rotated, name
 
     def _adopt(self, rotated: WebhookDestination) -> None:
-        self.shared_secret = rotated.shared_secret
-        self.previous_secret = rotated.previous_secret
-        self.previous_secret_expires_at = rotated.previous_secret_expires_at
+        self._take_fields(rotated, ("shared_secret", "previous_secret", "previous_secret_expires_at"))
 
     async def arotate_secret(
         self,

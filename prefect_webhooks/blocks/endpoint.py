@@ -8,9 +8,10 @@ import re
 from typing import Any, Literal
 
 from prefect.types import SecretDict
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from prefect_webhooks.blocks.endpoint_auth import ClientCertificate, EndpointAuth, check_url
+from prefect_webhooks.blocks.validated import part_config
 from prefect_webhooks.messages.mapping import compile_mapping
 from prefect_webhooks.signing.signatures import (
     IDEMPOTENCY_KEY_HEADER,
@@ -33,11 +34,13 @@ class WebhookEndpoint(BaseModel):
     """One webhook URL and the static headers sent with every request to it."""
 
     # Header values are secrets: a validation error must not echo the input.
-    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    model_config = part_config(hide_input_in_errors=True)
 
     url: str = Field(
         description="Full URL of the receiver, including the http or https protocol.",
         examples=["https://hooks.example.com/segment"],
+        # Checked in Python by _full_url; here for the UI form.
+        json_schema_extra={"pattern": r"^\s*[hH][tT][tT][pP][sS]?://[^/?#\s]+"},
     )
     headers: SecretDict = Field(
         default_factory=lambda: SecretDict({}),

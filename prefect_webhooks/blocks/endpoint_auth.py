@@ -10,7 +10,9 @@ import tempfile
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+
+from prefect_webhooks.blocks.validated import part_config
 
 _PEM_BEGIN = "-----BEGIN "
 
@@ -28,7 +30,7 @@ def check_url(url: str) -> str:
 class BearerToken(BaseModel):
     """A fixed token sent as ``Authorization: Bearer <token>``."""
 
-    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    model_config = part_config(hide_input_in_errors=True)
 
     type: Literal["bearer"] = Field(default="bearer", description="Bearer token authentication.")
     token: SecretStr = Field(description="The token; kept secret.")
@@ -46,7 +48,7 @@ class OAuth2ClientCredentials(BaseModel):
     """OAuth2 client credentials (RFC 6749 section 4.4): a token is fetched from ``token_url`` and sent as
     ``Authorization: Bearer``; it is kept until shortly before it expires and fetched again once on a 401."""
 
-    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    model_config = part_config(hide_input_in_errors=True)
 
     type: Literal["oauth2_client_credentials"] = Field(
         default="oauth2_client_credentials", description="OAuth2 client credentials grant."
@@ -70,7 +72,7 @@ class OAuth2ClientCredentials(BaseModel):
 class ClientCertificate(BaseModel):
     """A client certificate for mutual TLS, and optionally the certificate authorities to trust for the server."""
 
-    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    model_config = part_config(hide_input_in_errors=True)
 
     certificate: str = Field(description="The client certificate in PEM, followed by its intermediates if any.")
     private_key: SecretStr = Field(description="The certificate's private key in PEM; kept secret.")

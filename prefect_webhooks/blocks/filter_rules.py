@@ -29,7 +29,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
+
+from prefect_webhooks.blocks.validated import part_config
 
 MessageType = Literal["identify", "track", "page", "screen", "group", "alias"]
 Scalar = str | bool | int | float
@@ -38,12 +40,15 @@ Scalar = str | bool | int | float
 TOP_LEVEL_FIELDS = ("type", "event", "userId", "anonymousId", "groupId", "name", "Previous ID", "User ID")
 NESTED_FIELDS = ("properties", "traits", "context")
 NEVER_FILTERED = "delete"
+FIELD_PATTERN = (
+    "^(" + "|".join(TOP_LEVEL_FIELDS) + "|(" + "|".join(NESTED_FIELDS) + r")(\.[^.]+)*)$"
+)
 
 
 class Condition(BaseModel):
     """One test on one field of the outbound body: ``equals``, ``in`` or ``exists`` (exactly one)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = part_config(populate_by_name=True)
 
     field: str = Field(
         description=(
@@ -51,6 +56,8 @@ class Condition(BaseModel):
             "or a dotted path under properties, traits or context (e.g. properties.plan)."
         ),
         examples=["properties.plan", "traits.email", "context.os.name"],
+        # Checked in Python by FilterRule (a message that names the rule); here for the UI form.
+        json_schema_extra={"pattern": FIELD_PATTERN},
     )
     equals: Scalar | None = Field(default=None, description="The field equals this string, number or boolean.")
     in_: list[Scalar] | None = Field(
@@ -64,7 +71,7 @@ class Condition(BaseModel):
 class FilterRule(BaseModel):
     """A destination filter rule: drop the messages it matches, or allow only those it matches."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = part_config()
 
     name: str | None = Field(
         default=None, max_length=100, description="A label for the rule, shown in the reason of filtered messages."

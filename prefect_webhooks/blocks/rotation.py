@@ -73,8 +73,7 @@ async def afinish_rotations(now: datetime | None = None) -> list[str]:
         # Checked again on a fresh copy: the block may have been rotated again since the listing.
         if block.previous_secret is None or block.rotation_active(now):
             continue
-        block.previous_secret = None
-        block.previous_secret_expires_at = None
+        block = block.model_copy(update={"previous_secret": None, "previous_secret_expires_at": None})
         await save_block(block, name, overwrite=True)
         finished.append(name)
     return finished
@@ -99,6 +98,8 @@ class RotationOutcome:
     new_secret: SecretStr
     generated: bool
     old_secret_valid_until: datetime | None
+    x_signature: bool = True
+    standard_webhooks: bool = False
 
 
 def rotate_destination_secret(
@@ -127,6 +128,8 @@ def rotate_destination_secret(
         new_secret=secret,
         generated=new_secret is None,
         old_secret_valid_until=block.previous_secret_expires_at,
+        x_signature=block.x_signature,
+        standard_webhooks=block.standard_webhooks,
     )
 
 
@@ -137,12 +140,20 @@ def describe_rotation(outcome: RotationOutcome) -> str:
         lines.append(f"{outcome.destination}: the new secret signs every request from now on.")
     else:
         until = outcome.old_secret_valid_until.astimezone(timezone.utc).isoformat(timespec="seconds")
-        lines.append(
-            f"{outcome.destination}: rotation until {until}. Until then X-Signature is still made with the old "
-            "secret and webhook-signature carries both; add the new secret to your receiver's accepted secrets now "
-            "and remove the old one after that time."
-        )
+        lines.append(f"{outcome.destination}: rotation until {until}. Until then {_during_window(outcome)}; add the "
+                     "new secret to your receiver's accepted secrets now and remove the old one after that time.")
     if outcome.generated:
         lines.append("New secret (shown once; give it to the receiver):")
         lines.append(outcome.new_secret.get_secret_value())
     return "\n".join(lines)
+
+
+def _during_window(outcome: RotationOutcome) -> str:
+    """What the requests carry during the window, by the signatures the destination sends."""
+    carried = []
+    if outcome.x_signature:
+        carried.append("X-Signature is still made with the old secret")
+    if outcome.standard_webhooks:
+        carried.append("webhook-signature carries a signature with each secret")
+    return " and ".join(carried) or "the old secret stays valid"
+

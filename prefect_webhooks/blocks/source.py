@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect.blocks.core import Block
-from pydantic import ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from prefect_webhooks.blocks.destination import DOCS_URL, LOGO_URL, WebhookDestination
+from prefect_webhooks.blocks.validated import ValidatedBlock
 
 
-class Source(Block):
+class Source(ValidatedBlock):
     """A source of events: its write key and the webhook destinations enabled on it.
 
     Attributes:
@@ -33,8 +33,6 @@ class Source(Block):
         Source(write_key="wk_live_123", destinations=["crm-webhooks"]).save("web-app")
         ```
     """
-
-    model_config = ConfigDict(hide_input_in_errors=True)
 
     _block_type_name = "Webhooks Source"
     _block_type_slug = "webhooks-source"

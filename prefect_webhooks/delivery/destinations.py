@@ -14,10 +14,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.saved import is_missing_block, load_block
+from prefect_webhooks.blocks.validated import InvalidBlockError
 from prefect_webhooks.delivery.batch_bodies import Batching, batching_of
 from prefect_webhooks.delivery.filters import Filters, compile_filters
 from prefect_webhooks.delivery.request_shape import Endpoint, endpoint_of
@@ -32,7 +31,8 @@ class DestinationNotFound(LookupError):
 class InvalidDestination(ValueError):
     """A saved block that does not validate (e.g. a filter rule saved through the API with an unknown field).
 
-    Its messages wait (they are retried) until the block is fixed; the message says what is wrong, never a value.
+    Its messages wait (they are retried) until the block is fixed; the message says what is wrong, with
+    the value of each field that is not secret.
     """
 
 
@@ -56,12 +56,6 @@ def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
                                filters=compile_filters(block.filters), batching=batching_of(block))
 
 
-def _problems(error: ValidationError) -> str:
-    # The block hides inputs in its errors, so locations and reasons are safe to show.
-    return "; ".join(f"{'.'.join(map(str, item['loc'])) or 'block'}: {item['msg']}"
-                     for item in error.errors(include_input=False, include_url=False))
-
-
 class DestinationCache:
     """Loads destination blocks by name and keeps each for ``ttl`` seconds."""
 
@@ -83,9 +77,8 @@ class DestinationCache:
         except Exception as exc:
             if is_missing_block(exc):
                 raise DestinationNotFound(name) from None
-            # Prefect wraps a failed validation in a RuntimeError.
-            if isinstance(exc.__cause__, ValidationError):
-                raise InvalidDestination(f"destination block {name!r} is invalid: {_problems(exc.__cause__)}") from None
+            if isinstance(exc, InvalidBlockError):
+                raise InvalidDestination(f"destination block {name!r} is invalid: {'; '.join(exc.problems)}") from None
             raise
         resolved = resolve(name, block)
         self._entries[name] = (time.monotonic(), resolved)

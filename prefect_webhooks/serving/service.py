@@ -352,8 +352,15 @@ def serve(
             to the runner, which starts a process per scheduled run as a work pool would.
 
     Returns:
-        0 after a requested shutdown, 1 when a child exited on its own.
+        0 after a requested shutdown, 1 when a child exited on its own, 2 when no Prefect server is set.
     """
+    from prefect_webhooks.utilities.prefect_api import require_prefect_api
+
+    try:
+        api_url = require_prefect_api(export=True)  # before any child: none may start a temporary server
+    except LookupError as exc:
+        print(f"prefect-webhooks serve: {exc}", file=sys.stderr, flush=True)
+        return 2
     stop = threading.Event()
     _install_stop_handlers(stop)
     # The delivery workers start first, before this process reads its settings (a third of a second of imports):
@@ -368,6 +375,7 @@ def serve(
         host = host or settings.ingest.ingest_host
         port = port or settings.ingest.ingest_port
         api = Child("ingest API", ingest_command(host, port, ingest_workers)).start()
+        print(f"prefect-webhooks serve: store {settings.store.location()}, Prefect API {api_url}", flush=True)
     except BaseException:
         stop_children([workers], grace_seconds)
         raise

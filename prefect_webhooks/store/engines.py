@@ -11,14 +11,16 @@ import secrets
 import threading
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, event, insert, select
+from sqlalchemy import DateTime, event, insert, inspect, select
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
 from sqlmodel import SQLModel, create_engine
 
-from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.tables import StoreIdentity, dialect_insert
+from prefect_webhooks.settings import get_settings, store_location
+from prefect_webhooks.store.tables import OutboxMessage, StoreIdentity, dialect_insert
 from prefect_webhooks.store.upgrades import upgrade_store
 
 _engines: dict[str, Engine] = {}
@@ -52,12 +54,42 @@ def get_engine(url: str | None = None) -> Engine:
         return engine
 
 
-def _make_engine(url: str) -> Engine:
+class StoreNotFound(LookupError):
+    """No store where the settings point: ``open_existing_store`` looked and creates nothing."""
+
+
+def open_existing_store(url: str | None = None) -> Engine:
+    """The engine of the store at ``url`` (default: the configured one) if it exists; nothing is created.
+
+    Raises:
+        StoreNotFound: no SQLite file there, or a database without the store's tables; the message names the
+            location (a URL without its password) and the settings that choose it.
+    """
+    url = url or get_settings().store.resolved_database_url()
+    where = store_location(url)
+    creates = "creates it" if url.startswith("sqlite") else "creates its tables in an existing database"
+    hint = (f"`prefect-webhooks serve` {creates}; the store is PREFECT_WEBHOOKS_DATABASE_URL, or webhooks.db in "
+            "PREFECT_WEBHOOKS_HOME (~/.prefect-webhooks by default)")
+    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).is_file():
+        raise StoreNotFound(f"no store at {where}: {hint}")
+    engine = _make_engine(url, create=False)
+    try:
+        found = inspect(engine).has_table(OutboxMessage.__tablename__)
+    except OperationalError as exc:
+        engine.dispose()
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        raise StoreNotFound(f"cannot open the store at {where} ({reason}): {hint}") from None
+    if not found:
+        engine.dispose()
+        raise StoreNotFound(f"no prefect-webhooks store at {where} (it has no {OutboxMessage.__tablename__} table): "
+                            f"{hint}")
+    return engine
+
+
+def _make_engine(url: str, *, create: bool = True) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            from pathlib import Path
-
+        if create and path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _tune_sqlite)
@@ -65,7 +97,8 @@ def _make_engine(url: str) -> Engine:
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
         engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
-    create_schema(engine)
+    if create:
+        create_schema(engine)
     return engine
 
 

@@ -79,10 +79,10 @@ def test_an_invalid_header_value_fails_without_echoing_it(value: str) -> None:
 
 
 def test_headers_and_secret_are_hidden_in_repr() -> None:
-    block = WebhookDestination(endpoints=[endpoint(Authorization=SECRET_VALUE)], shared_secret="k3y-value")
-    assert SECRET_VALUE not in repr(block) and "k3y-value" not in repr(block)
+    block = WebhookDestination(endpoints=[endpoint(Authorization=SECRET_VALUE)], shared_secret="k3y-value-0000001")
+    assert SECRET_VALUE not in repr(block) and "k3y-value-0000001" not in repr(block)
     assert block.endpoints[0].header_values() == {"Authorization": SECRET_VALUE}
-    assert block.secret() == "k3y-value"
+    assert block.secret() == "k3y-value-0000001"
 
 
 class TestWebhookDestinationStandard(BlockStandardTestSuite):
@@ -106,18 +106,18 @@ class TestSourceStandard(TestWebhookDestinationStandard):
 async def test_secrets_are_masked_when_read_back_through_the_api() -> None:
     name = f"masked-{uuid.uuid4().hex[:8]}"
     await WebhookDestination(
-        endpoints=[endpoint(Authorization=SECRET_VALUE), endpoint(1)], shared_secret="k3y-value"
+        endpoints=[endpoint(Authorization=SECRET_VALUE), endpoint(1)], shared_secret="k3y-value-0000001"
     ).save(name)
     async with get_client() as client:
         document = await client.read_block_document_by_name(name, "webhook-destination", include_secrets=False)
     data = document.data
-    assert SECRET_VALUE not in str(data) and "k3y-value" not in str(data)
+    assert SECRET_VALUE not in str(data) and "k3y-value-0000001" not in str(data)
     assert data["shared_secret"] == "********"
     # Prefect does not mask inside lists, so the block declares the whole endpoints list secret.
     assert data["endpoints"] == "********"
     loaded = await load_block(WebhookDestination, name)
     assert loaded.endpoints[0].header_values() == {"Authorization": SECRET_VALUE}
-    assert loaded.secret() == "k3y-value"
+    assert loaded.secret() == "k3y-value-0000001"
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -147,7 +147,7 @@ STANDARD_SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 def test_standard_webhooks_takes_a_whsec_secret() -> None:
     block = WebhookDestination(endpoints=[endpoint()], shared_secret=STANDARD_SECRET, standard_webhooks=True)
     assert block.secret() == STANDARD_SECRET
-    assert WebhookDestination.generate_secret().startswith("whsec_")
+    assert WebhookDestination.generate_secret().get_secret_value().startswith("whsec_")
 
 
 @pytest.mark.parametrize(
@@ -169,13 +169,14 @@ def test_a_bad_standard_webhooks_secret_fails_naming_the_field_without_echoing_i
 
 def test_a_previous_secret_needs_a_window_end_and_a_current_secret() -> None:
     later = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
-    assert "previous_secret_expires_at" in str(error_of(endpoints=[endpoint()], shared_secret="new",
+    assert "previous_secret_expires_at" in str(error_of(endpoints=[endpoint()], shared_secret="new-secret-000001",
                                                         previous_secret="old"))
     assert "next to a shared_secret" in str(error_of(endpoints=[endpoint()], previous_secret="old",
                                                      previous_secret_expires_at=later))
-    assert "only together with previous_secret" in str(error_of(endpoints=[endpoint()], shared_secret="new",
+    assert "only together with previous_secret" in str(error_of(endpoints=[endpoint()],
+                                                                shared_secret="new-secret-000001",
                                                                previous_secret_expires_at=later))
-    naive = WebhookDestination(endpoints=[endpoint()], shared_secret="new", previous_secret="old",
+    naive = WebhookDestination(endpoints=[endpoint()], shared_secret="new-secret-000001", previous_secret="old",
                                previous_secret_expires_at=dt.datetime(2030, 1, 1))
     assert naive.previous_secret_expires_at == later
     assert "old" not in repr(naive)
@@ -203,17 +204,17 @@ async def test_a_rotation_is_saved_and_the_old_secret_is_masked_like_the_new() -
 @pytest.mark.usefixtures("prefect_harness")
 async def test_a_second_rotation_inside_the_window_needs_force() -> None:
     name = f"rotate-{uuid.uuid4().hex[:8]}"
-    block = WebhookDestination(endpoints=[endpoint()], shared_secret="first-secret")
+    block = WebhookDestination(endpoints=[endpoint()], shared_secret="first-secret-0001")
     await block.save(name)
-    await block.arotate_secret("second-secret", window=600)
+    await block.arotate_secret("second-secret-001", window=600)
     with pytest.raises(ValueError, match="rotation of .* is in progress until"):
-        await block.arotate_secret("third-secret")
+        await block.arotate_secret("third-secret-0001")
     with pytest.raises(ValueError, match="is the current shared secret"):
-        await block.arotate_secret("second-secret", force=True)
-    await block.arotate_secret("third-secret", force=True)
+        await block.arotate_secret("second-secret-001", force=True)
+    await block.arotate_secret("third-secret-0001", force=True)
     loaded = await load_block(WebhookDestination, name)
     # The oldest secret is gone; the one it replaced is now the previous one.
-    assert (loaded.secret(), loaded.previous_secret.get_secret_value()) == ("third-secret", "second-secret")
+    assert (loaded.secret(), loaded.previous_secret.get_secret_value()) == ("third-secret-0001", "second-secret-001")
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -231,7 +232,7 @@ async def test_a_zero_window_switches_at_once_and_standard_webhooks_refuses_a_pl
 
 def test_an_unsaved_block_cannot_rotate() -> None:
     with pytest.raises(ValueError, match="save the destination before rotating"):
-        WebhookDestination(endpoints=[endpoint()], shared_secret="s").rotate_secret()
+        WebhookDestination(endpoints=[endpoint()], shared_secret="s3cret-s3cret-01").rotate_secret()
 
 
 ROTATE_SYNC = """
@@ -246,10 +247,10 @@ print(type(secret).__name__, WebhookDestination.load(sys.argv[1]).secret())
 @pytest.mark.usefixtures("prefect_harness")
 def test_rotate_secret_works_from_synchronous_code() -> None:
     name = f"rotate-{uuid.uuid4().hex[:8]}"
-    WebhookDestination(endpoints=[endpoint()], shared_secret="sync-old-secret").save(name)
+    WebhookDestination(endpoints=[endpoint()], shared_secret="sync-old-secret-1").save(name)
     done = subprocess.run([sys.executable, "-c", ROTATE_SYNC, name], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["SecretStr", "synchronous-new-secret"]
     loaded = WebhookDestination.load(name)
-    assert loaded.previous_secret.get_secret_value() == "sync-old-secret"
+    assert loaded.previous_secret.get_secret_value() == "sync-old-secret-1"

@@ -7,17 +7,22 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import io
+import os
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
 from prefect import get_client
+from prefect.settings import PREFECT_API_URL
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
-from prefect_webhooks.blocks.rotation import finish_rotations
+from prefect_webhooks.blocks.rotation import RotationOutcome, describe_rotation, finish_rotations
 from prefect_webhooks.blocks.saved import load_block
 from prefect_webhooks.cli import main
 from prefect_webhooks.delivery import DeliveryOptions, deliver_due
@@ -44,7 +49,7 @@ def states(destination: str) -> dict[str, int]:
 
 @pytest.mark.usefixtures("fast")
 async def test_a_rotation_in_the_middle_of_a_stream_rejects_nothing() -> None:
-    old, new = WebhookDestination.generate_secret(), WebhookDestination.generate_secret()
+    old, new = (WebhookDestination.generate_secret().get_secret_value() for _ in range(2))
     accepted = [old]
     seen_with: list[tuple[float, tuple[str, ...]]] = []
 
@@ -142,28 +147,28 @@ async def test_a_rotation_in_the_middle_of_a_stream_rejects_nothing() -> None:
 @pytest.mark.usefixtures("fast")
 async def test_the_deliver_flow_removes_the_old_secret_once_the_window_ends() -> None:
     ending, lasting = block_name(), block_name()
-    first = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/a"}], shared_secret="old-one")
+    first = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/a"}], shared_secret="old-secret-one-01")
     await first.save(ending)
-    second = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/b"}], shared_secret="old-two")
+    second = WebhookDestination(endpoints=[{"url": "https://hooks.example.com/b"}], shared_secret="old-secret-two-01")
     await second.save(lasting)
-    await first.arotate_secret("new-one", window=1.5)
-    await second.arotate_secret("new-two", window=3600)
+    await first.arotate_secret("new-secret-one-01", window=1.5)
+    await second.arotate_secret("new-secret-two-01", window=3600)
     assert (await load_block(WebhookDestination, ending)).previous_secret is not None
     await asyncio.sleep(max(0.0, first.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
     await deliver()
     ended = await load_block(WebhookDestination, ending)
     assert ended.previous_secret is None and ended.previous_secret_expires_at is None
-    assert ended.secret() == "new-one"
+    assert ended.secret() == "new-secret-one-01"
     async with get_client() as client:
         stored = await client.read_block_document_by_name(ending, "webhook-destination", include_secrets=True)
     assert stored.data["previous_secret"] is None
-    assert "old-one" not in str(stored.data)
+    assert "old-secret-one-01" not in str(stored.data)
     # A rotation still inside its window is left alone.
     kept = await load_block(WebhookDestination, lasting)
-    assert kept.previous_secret.get_secret_value() == "old-two" and kept.rotation_active()
+    assert kept.previous_secret.get_secret_value() == "old-secret-two-01" and kept.rotation_active()
 
 
-def cli_destination(secret: str = "cli-old-secret") -> str:
+def cli_destination(secret: str = "cli-old-secret-01") -> str:
     name = block_name()
     WebhookDestination(endpoints=[{"url": "https://hooks.example.com/in"}], shared_secret=secret).save(name)
     return name
@@ -178,11 +183,11 @@ def test_rotate_secret_command_generates_and_prints_the_new_secret_once(
     block = WebhookDestination.load(name)
     new_secret = block.secret()
     assert new_secret.startswith("whsec_") and out.count(new_secret) == 1
-    assert "cli-old-secret" not in out
+    assert "cli-old-secret-01" not in out
     assert "X-Signature is still made with the old secret" in out
     remaining = (block.previous_secret_expires_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
     assert 7190 < remaining <= 7200
-    assert block.previous_secret.get_secret_value() == "cli-old-secret"
+    assert block.previous_secret.get_secret_value() == "cli-old-secret-01"
 
 
 def test_rotate_secret_command_reads_a_given_secret_without_printing_it(
@@ -206,11 +211,11 @@ def test_rotate_secret_command_explains_a_refusal(
     args: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = cli_destination()
-    WebhookDestination.load(name).rotate_secret("second-secret", window=600)
+    WebhookDestination.load(name).rotate_secret("second-secret-001", window=600)
     assert main(["rotate-secret", name, *args]) == 1
     captured = capsys.readouterr()
     assert says in captured.err and captured.out == ""
-    assert WebhookDestination.load(name).secret() == "second-secret"
+    assert WebhookDestination.load(name).secret() == "second-secret-001"
 
 
 def test_rotate_secret_command_names_a_missing_block(capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,9 +237,45 @@ def test_rotate_secret_command_reads_the_secret_from_stdin_and_finish_rotations_
     assert main(["rotate-secret", name, "--from-stdin", "--window", "1"]) == 0
     assert "stdin-new-secret" not in capsys.readouterr().out
     block = WebhookDestination.load(name)
-    assert (block.secret(), block.previous_secret.get_secret_value()) == ("stdin-new-secret", "cli-old-secret")
+    assert (block.secret(), block.previous_secret.get_secret_value()) == ("stdin-new-secret", "cli-old-secret-01")
     time.sleep(max(0.0, block.previous_secret_expires_at.timestamp() - time.time()) + 0.1)
     # The synchronous form of what every deliver run does.
     assert name in finish_rotations()
     assert WebhookDestination.load(name).previous_secret is None
     assert name not in finish_rotations()
+
+
+def test_the_rotate_secret_command_says_what_this_destination_signs_and_names_its_own_flag() -> None:
+    # As a user runs it: the installed command, in its own process, against the Prefect server.
+    name = cli_destination()
+    script = str(Path(sys.executable).parent / "prefect-webhooks")
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHORT": "abc", "OTHER": "another-new-secret"}
+
+    def rotate(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, "rotate-secret", name, *args], env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    first = rotate("--generate", "--window", "1h")
+    assert first.returncode == 0, first.stderr
+    # No Standard Webhooks on this destination: nothing about webhook-signature.
+    assert "X-Signature is still made with the old secret" in first.stdout
+    assert "webhook-signature" not in first.stdout
+    second = rotate("--from-env", "OTHER")
+    assert second.returncode == 1 and "add --force to drop the older secret now" in second.stderr
+    assert "force=True" not in second.stderr
+    short = rotate("--from-env", "SHORT", "--force")
+    assert short.returncode == 1 and "at least 16 characters, this one 3" in short.stderr
+    assert rotate("--from-env", "OTHER", "--force").returncode == 0
+    assert WebhookDestination.load(name).secret() == "another-new-secret"
+
+
+@pytest.mark.parametrize(("x_signature", "standard", "says"), [
+    (True, False, "X-Signature is still made with the old secret; add"),
+    (True, True, "X-Signature is still made with the old secret and webhook-signature carries a signature with each"),
+    (False, True, "Until then webhook-signature carries a signature with each secret; add"),
+])
+def test_the_rotation_message_names_only_the_signatures_sent(x_signature: bool, standard: bool, says: str) -> None:
+    outcome = RotationOutcome("crm", SecretStr("n" * 20), generated=False, x_signature=x_signature,
+                              standard_webhooks=standard,
+                              old_secret_valid_until=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    assert says in describe_rotation(outcome)

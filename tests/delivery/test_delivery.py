@@ -36,7 +36,7 @@ from tests.receivers import Receiver
 # Messages that fail for good emit Prefect events: send them to the session's test server.
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-SECRET = "sh4red-s3cret"
+SECRET = "sh4red-s3cret-0001"
 WHEN = dt.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=dt.timezone.utc)
 WIRE_TIME = "2026-03-04T05:06:07.123Z"
 
@@ -369,11 +369,12 @@ async def test_a_batch_with_several_destinations_posts_each_to_its_own(fast: str
     enqueue("crm", [track(n) for n in range(30)])
     enqueue("ads", [track(n) for n in range(30, 50)])
     with Receiver() as crm, Receiver() as ads:
-        stats = await deliver({"crm": destination(crm.url), "ads": destination(ads.url, secret="other")},
+        stats = await deliver({"crm": destination(crm.url), "ads": destination(ads.url, secret="other-s3cret-0001")},
                               batch_size=7)
     assert stats.delivered == 50 and stats.batches == 8
     assert sorted(orjson.loads(r.body)["userId"] for r in ads.requests) == sorted(f"u{n}" for n in range(30, 50))
-    assert all(r.headers["X-Signature"] == hmac.new(b"other", r.body, hashlib.sha1).hexdigest() for r in ads.requests)
+    assert all(r.headers["X-Signature"] == hmac.new(b"other-s3cret-0001", r.body, hashlib.sha1).hexdigest()
+               for r in ads.requests)
     assert len(crm.requests) == 30
 
 

@@ -18,7 +18,7 @@ from tests.receivers import Receiver
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-SECRET = "sh4red-s3cret"
+SECRET = "sh4red-s3cret-0001"
 
 
 async def test_with_no_option_set_the_request_is_the_seeds_exactly(store_url: str) -> None:

@@ -57,7 +57,8 @@ def test_preview_shows_the_exact_body_headers_and_signatures(
 
 def test_preview_of_a_batching_destination_shows_the_arrays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     name = f"preview-{uuid.uuid4().hex[:8]}"
-    WebhookDestination(endpoints=[{"url": "https://hooks.example.com/in"}], shared_secret="s", batch_size=2).save(name)
+    WebhookDestination(endpoints=[{"url": "https://hooks.example.com/in"}], shared_secret="s3cret-s3cret-01",
+                       batch_size=2).save(name)
     (tmp_path / "messages.json").write_text(json.dumps([MESSAGE] * 3))
     assert main(["preview", name, "--message", str(tmp_path / "messages.json")]) == 0
     requests = parse(capsys.readouterr().out)

@@ -150,7 +150,7 @@ def test_duplicates_after_a_sigkill_are_dropped_by_their_key(
     """The kill leaves requests the receiver got but the worker never recorded; they are sent again after the lease
     expires, with the same message id, so a receiver keeping the ids it processed drops every duplicate."""
     total, name = 2000, f"dedupe-{uuid.uuid4().hex[:8]}"
-    secret = WebhookDestination.generate_secret()
+    secret = WebhookDestination.generate_secret().get_secret_value()
     env = {"PREFECT_WEBHOOKS_LEASE_SECONDS": "3", "PREFECT_WEBHOOKS_CLAIM_BATCH_SIZE": "100",
            "PREFECT_API_URL": PREFECT_API_URL.value()}
     # A slow receiver keeps many requests in flight when the worker dies.

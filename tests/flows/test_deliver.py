@@ -89,7 +89,7 @@ async def test_deliver_flow_delivers_and_publishes_one_artifact_per_endpoint(set
     name = block_name()
     with Receiver() as first, Receiver() as second:
         await WebhookDestination(endpoints=[{"url": first.url, "headers": {"X-Key": "v4lue-secret"}},
-                                            {"url": second.url}], shared_secret="s").save(name)
+                                            {"url": second.url}], shared_secret="s3cret-s3cret-01").save(name)
         enqueue(name, [track(n) for n in range(25)])
         state = await deliver(batch_size=10, return_state=True)
         summary = await state.result()
@@ -187,16 +187,17 @@ async def test_a_long_retry_after_is_left_to_the_outbox(settings_env: Any) -> No
 async def test_an_edited_block_is_used_by_later_batches(settings_env: Any) -> None:
     name = block_name()
     with Receiver() as old, Receiver() as new:
-        await WebhookDestination(endpoints=[{"url": old.url}], shared_secret="one").save(name)
+        await WebhookDestination(endpoints=[{"url": old.url}], shared_secret="secret-number-one").save(name)
         enqueue(name, [track(1)])
         await deliver()
-        await WebhookDestination(endpoints=[{"url": new.url}], shared_secret="two").save(name, overwrite=True)
+        await WebhookDestination(endpoints=[{"url": new.url}],
+                                 shared_secret="secret-number-two").save(name, overwrite=True)
         enqueue(name, [track(2)])
         await deliver()
     (first,) = old.requests
     (second,) = new.requests
-    assert first.headers["X-Signature"] == hmac.new(b"one", first.body, hashlib.sha1).hexdigest()
-    assert second.headers["X-Signature"] == hmac.new(b"two", second.body, hashlib.sha1).hexdigest()
+    assert first.headers["X-Signature"] == hmac.new(b"secret-number-one", first.body, hashlib.sha1).hexdigest()
+    assert second.headers["X-Signature"] == hmac.new(b"secret-number-two", second.body, hashlib.sha1).hexdigest()
     assert orjson.loads(second.body)["userId"] == "u2"
 
 
@@ -206,7 +207,7 @@ async def test_failed_for_good_emits_an_event_and_a_missing_block_fails(
     name = block_name()
     with Receiver(default=410) as receiver:
         await WebhookDestination(endpoints=[{"url": receiver.url, "headers": {"Authorization": "t0ps3cret"}}],
-                                 shared_secret="k3y").save(name)
+                                 shared_secret="k3y-k3y-k3y-k3y-1").save(name)
         enqueue(name, [track(1)])
         enqueue("no-such-block", [track(2)])
         summary = await deliver()
@@ -222,7 +223,7 @@ async def test_failed_for_good_emits_an_event_and_a_missing_block_fails(
     payload = by_resource[f"prefect-webhooks.outbox.{gone.id}"].payload
     assert payload == {"outbox_id": gone.id, "destination": name, "reason": "permanent: HTTP 410", "attempts": 1}
     dumped = str([event.model_dump() for event in events])
-    assert "t0ps3cret" not in dumped and "k3y" not in dumped and '"event":"E"' not in dumped
+    assert "t0ps3cret" not in dumped and "k3y-k3y-k3y-k3y-1" not in dumped and '"event":"E"' not in dumped
 
 
 async def test_continuous_mode_keeps_delivering(settings_env: Any) -> None:
@@ -317,7 +318,7 @@ async def test_a_block_saved_with_a_bad_rule_through_the_api_holds_its_messages(
 ) -> None:
     name = block_name()
     with Receiver() as receiver:
-        await WebhookDestination(endpoints=[{"url": receiver.url}], shared_secret="k3y-secret").save(name)
+        await WebhookDestination(endpoints=[{"url": receiver.url}], shared_secret="k3y-secret-0000001").save(name)
         # What the UI or a raw API call can store: the server does not run the block's validation.
         async with get_client() as client:
             document = await client.read_block_document_by_name(name, "webhook-destination")
@@ -333,4 +334,4 @@ async def test_a_block_saved_with_a_bad_rule_through_the_api_holds_its_messages(
     warning = next(record.getMessage() for record in caplog.records if "is invalid" in record.getMessage())
     assert f"destination block {name!r} is invalid" in warning
     assert "rule 'typo': condition on field 'propertes.plan': unknown field 'propertes'" in warning
-    assert "k3y-secret" not in caplog.text
+    assert "k3y-secret-0000001" not in caplog.text

@@ -314,7 +314,7 @@ def test_sdk_calls_reach_a_receiver_signed(
     from prefect_webhooks.flows.deliver import deliver
 
     destination = f"e2e-dest-{uuid.uuid4().hex[:6]}"
-    save_destination(destination, [receiver.url], shared_secret="e2e-secret")
+    save_destination(destination, [receiver.url], shared_secret="e2e-secret-000001")
     name, key = f"e2e-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     save_source(name, key, [destination])
     client = Client(write_key=key, host=api.url, sync_mode=True)
@@ -333,7 +333,7 @@ def test_sdk_calls_reach_a_receiver_signed(
     assert summary["delivered"] == 3
     bodies = {}
     for request in receiver.requests:
-        assert verify(request.body, request.headers["X-Signature"], "e2e-secret")
+        assert verify(request.body, request.headers["X-Signature"], "e2e-secret-000001")
         body = orjson.loads(request.body)
         bodies[body["type"]] = body
     assert bodies["identify"]["userId"] == "e2e-user" and bodies["identify"]["traits"] == {"plan": "pro"}

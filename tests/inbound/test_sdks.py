@@ -47,7 +47,7 @@ from tests.servers import IngestServer, ingest_api_process, save_destination, sa
 SDK_DIR = Path(__file__).resolve().parents[1] / "sdks"
 CALLS = orjson.loads((SDK_DIR / "calls.json").read_bytes())["calls"]
 LEGACY_PYTHON = SDK_DIR / ".venv" / "bin" / "python"
-SECRET = "sdk-test-secret"
+SECRET = "sdk-test-secret-1"
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 SERVER_ENV = {"PREFECT_WEBHOOKS_UNKNOWN_KEY_REFRESH_SECONDS": "0"}
 

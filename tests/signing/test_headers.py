@@ -35,7 +35,7 @@ from tests.receivers import ReceivedRequest, Receiver
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 WHEN = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
-SECRET = WebhookDestination.generate_secret()
+SECRET = WebhookDestination.generate_secret().get_secret_value()
 # What aiohttp adds to every request besides the headers the engine and the block set.
 TRANSPORT_HEADERS = {"Host", "Accept", "Accept-Encoding", "Content-Length"}
 
@@ -118,13 +118,13 @@ async def test_with_nothing_enabled_only_the_idempotency_key_is_added(fast: str)
 async def test_with_a_shared_secret_x_signature_is_unchanged(fast: str) -> None:
     name = block_name()
     with Receiver() as receiver:
-        await WebhookDestination(endpoints=[{"url": receiver.url}], shared_secret="plain-s3cret").save(name)
+        await WebhookDestination(endpoints=[{"url": receiver.url}], shared_secret="plain-s3cret-0001").save(name)
         enqueue(name, [track(1)])
         await deliver_due()
     (request,) = receiver.requests
     assert set(request.headers) == TRANSPORT_HEADERS | {"User-Agent", "Content-Type", "X-Signature",
                                                         "Idempotency-Key"}
-    assert request.headers["X-Signature"] == hmac.new(b"plain-s3cret", request.body, hashlib.sha1).hexdigest()
+    assert request.headers["X-Signature"] == hmac.new(b"plain-s3cret-0001", request.body, hashlib.sha1).hexdigest()
 
 
 async def test_the_message_id_is_stable_across_retries_urls_and_replays(fast: str) -> None:
@@ -209,7 +209,7 @@ async def test_the_libraries_reject_a_tampered_body_and_a_replay_outside_their_w
     assert tampered(request) != request.body and not check(tampered(request), request.headers)
     forged = {**request.headers, "webhook-timestamp": str(int(request.headers["webhook-timestamp"]) + 1)}
     assert not check(request.body, forged)
-    assert not libraries_accept(WebhookDestination.generate_secret())(request.body, request.headers)
+    assert not libraries_accept(WebhookDestination.generate_secret().get_secret_value())(request.body, request.headers)
 
     # The same request presented again six minutes later (the libraries tolerate five): refused as a replay.
     class SixMinutesLater(dt.datetime):

@@ -230,8 +230,11 @@ def _message_step(state: str, cutoff: datetime, limit: int, report: PruneReport)
             # join, and a locking LIMIT subquery run twice removes more than ``limit`` rows.
             chosen = chosen.with_for_update(skip_locked=True)
         picked = chosen.cte("chosen").prefix_with("MATERIALIZED")
+        # By id alone: the choice is made in this statement, so the rows still have ``state``. A ``state = ?`` term
+        # here let SQLite read every row of that state through the due index (0.6 s with 5M delivered rows kept)
+        # while holding the write lock.
         removed = connection.execute(
-            delete(OUTBOX).where(OUTBOX.c.id.in_(select(picked.c.id)), OUTBOX.c.state == state)
+            delete(OUTBOX).where(OUTBOX.c.id.in_(select(picked.c.id)))
             .returning(OUTBOX.c.id, OUTBOX.c.user_id, OUTBOX.c.source)
         ).all()
         if not removed:

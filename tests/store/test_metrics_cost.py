@@ -19,21 +19,23 @@ HISTORY = 20_000
 PENDING_ROWS = 5
 
 
-def _with_history(engine: Engine) -> None:
-    """``HISTORY`` delivered rows (bulk-inserted, as a month of traffic leaves them) and a few pending ones."""
+def _with_history(engine: Engine, *, history: int = HISTORY, finished: str = "2026-01-01 00:00:01.000000",
+                  analyze: bool = True) -> None:
+    """``history`` delivered rows that finished at ``finished`` (bulk-inserted, as a month of traffic leaves them)
+    and a few pending ones."""
     enqueue("crm", [{"type": "track", "userId": f"u{n}", "event": "E"} for n in range(PENDING_ROWS)])
     columns = ("destination, message_type, user_id, body, state, attempts, created_at, next_attempt_at")
     if engine.dialect.name == "sqlite":
         rows = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :history) "
-                "SELECT 'crm', 'track', 'u' || i, x'7b7d', 'delivered', 1, '2026-01-01 00:00:00.000000', "
-                "'2026-01-01 00:00:01.000000' FROM n")
+                "SELECT 'crm', 'track', 'u' || i, x'7b7d', 'delivered', 1, :finished, :finished FROM n")
     else:
-        rows = ("SELECT 'crm', 'track', 'u' || i, '\\x7b7d'::bytea, 'delivered', 1, timestamp '2026-01-01', "
-                "timestamp '2026-01-01 00:00:01' FROM generate_series(1, :history) AS i")
+        rows = ("SELECT 'crm', 'track', 'u' || i, '\\x7b7d'::bytea, 'delivered', 1, CAST(:finished AS timestamp), "
+                "CAST(:finished AS timestamp) FROM generate_series(1, :history) AS i")
     with engine.begin() as connection:
-        connection.execute(text(f"INSERT INTO outbox ({columns}) {rows}"), {"history": HISTORY})
-        add_outcomes(connection, {("crm", DELIVERED): HISTORY})
-        connection.exec_driver_sql("ANALYZE")
+        connection.execute(text(f"INSERT INTO outbox ({columns}) {rows}"), {"history": history, "finished": finished})
+        add_outcomes(connection, {("crm", DELIVERED): history})
+        if analyze:
+            connection.exec_driver_sql("ANALYZE")
 
 
 def _compiled(engine: Engine) -> str:
@@ -63,3 +65,36 @@ def test_the_gauges_read_no_delivered_row(backend_url: str) -> None:
             assert sum(node["Actual Rows"] for node in nodes) == PENDING_ROWS, nodes
     totals = backlog_snapshot(engine)["totals"]
     assert (totals["pending"], totals["delivered"]) == (PENDING_ROWS, HISTORY)
+
+
+def test_a_pruning_pass_searches_by_time_and_id_never_through_all_rows_of_a_state(store_url: str) -> None:
+    """Each statement of a pass finds its rows through the due index by (state, finish time) or by id: its cost
+    follows what it removes, not the history kept (a search of the due index on the state alone read every kept row
+    while holding SQLite's write lock)."""
+    from sqlalchemy import event
+
+    from prefect_webhooks.store.retention import prune_store
+
+    engine = get_engine(store_url)
+    # Kept history (finished now) beside old rows the pass removes; no ANALYZE, as in a store in service.
+    _with_history(engine, finished=store_now().strftime("%Y-%m-%d %H:%M:%S.%f"), analyze=False)
+    _with_history(engine, history=600, analyze=False)
+    statements: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if "outbox" in statement and not executemany and not statement.lstrip().upper().startswith("EXPLAIN"):
+            statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        report = prune_store(engine=engine)
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert report.removed.get("delivered") == 600
+    deletes = [entry for entry in statements if entry[0].lstrip().upper().startswith(("DELETE", "WITH"))]
+    assert deletes, statements
+    with engine.connect() as connection:
+        for statement, parameters in deletes:
+            plan = [row[-1] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+            assert not any(step.endswith("ix_outbox_due (state=?)") for step in plan), (statement, plan)
+            assert not any(step.startswith("SCAN outbox") for step in plan), (statement, plan)

@@ -7,8 +7,9 @@ blocks from async code on every supported Prefect release. Prefect registers the
 """
 
 from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.disabled import DisabledEndpoint
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.filter_rules import Condition, FilterRule
 from prefect_webhooks.blocks.source import Source
 
-__all__ = ["Condition", "FilterRule", "Source", "WebhookDestination", "WebhookEndpoint"]
+__all__ = ["Condition", "DisabledEndpoint", "FilterRule", "Source", "WebhookDestination", "WebhookEndpoint"]

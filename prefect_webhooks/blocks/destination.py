@@ -10,6 +10,7 @@ from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from prefect_webhooks.blocks.disabled import DisabledEndpoint, check_disabled_entries
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.filter_rules import FilterRule, check_rules
 from prefect_webhooks.blocks.saved import save_block
@@ -42,6 +43,9 @@ class WebhookDestination(Block):
         previous_secret: The secret a rotation replaced, still signing until ``previous_secret_expires_at``.
         previous_secret_expires_at: End of the rotation window.
         filters: Rules that drop messages, or allow only some, before they are sent.
+        ordered: Deliver each user's messages one at a time, in the order they were accepted.
+        disable_after: Disable an endpoint that has failed without a break for this long; never when unset.
+        disabled_endpoints: The endpoints that get no requests (remove an entry to enable it again).
 
     Example:
         Load a saved destination:
@@ -107,6 +111,21 @@ class WebhookDestination(Block):
         default_factory=list,
         description="Destination filter rules, checked in order: drop matching messages, or allow only matching ones.",
     )
+    ordered: bool = Field(
+        default=False,
+        description="Deliver the messages of each user (userId, else anonymousId) to each endpoint in the order they "
+        "were accepted: a message waits until the user's previous one is delivered or has failed for good.",
+    )
+    disable_after: timedelta | None = Field(
+        default=None,
+        description="Disable an endpoint once it has failed without a single success for this long (e.g. 5 days); "
+        "never disabled when unset.",
+    )
+    disabled_endpoints: list[DisabledEndpoint] = Field(
+        default_factory=list,
+        description="Endpoints that get no requests (delivery adds one after disable_after); remove an entry to "
+        "enable that endpoint again.",
+    )
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -143,6 +162,9 @@ class WebhookDestination(Block):
         elif self.previous_secret_expires_at is not None:
             raise ValueError("previous_secret_expires_at: set only together with previous_secret")
         check_rules(self.filters)
+        check_disabled_entries(self.disabled_endpoints, len(self.endpoints))
+        if self.disable_after is not None and self.disable_after <= timedelta(0):
+            raise ValueError("disable_after: must be a positive duration")
         return self
 
     @classmethod

@@ -36,7 +36,7 @@ def check_url(url: str) -> str:
 
 
 class WebhookEndpoint(BaseModel):
-    """One webhook URL and the static headers sent with every request to it."""
+    """One webhook URL, the static headers sent with every request to it and an optional rate limit."""
 
     # Header values are secrets: a validation error must not echo the input.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
@@ -48,6 +48,18 @@ class WebhookEndpoint(BaseModel):
     headers: SecretDict = Field(
         default_factory=lambda: SecretDict({}),
         description="Static headers added to every request to this URL; values are kept secret.",
+    )
+    rate_limit: float | None = Field(
+        default=None,
+        gt=0,
+        description="Most requests per second this URL gets, summed over every delivery process of the store; no "
+        "limit when unset.",
+        examples=[10],
+    )
+    rate_limit_burst: int = Field(
+        default=1,
+        ge=1,
+        description="Requests that may go at once after a quiet spell before rate_limit paces them.",
     )
 
     @field_validator("url")

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
+from prefect_webhooks.delivery.controls import after_sending, before_sending
 from prefect_webhooks.delivery.decision import BatchWrites, decide
 from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
 from prefect_webhooks.delivery.events import emit_delivery_failed
@@ -140,6 +141,7 @@ async def process_batch(
     ready, deferred = await _resolve_all(due, context, writes)
     if any(destination.filters is not None for _, destination in ready):
         ready = _drop_filtered(ready, writes, context.stats)
+    ready, not_before = await before_sending(ready, context, writes.records)
     if context.key_prefix is None:
         context.key_prefix = message_key_prefix(await store_call(settings, store_key, engine))
     prefix = context.key_prefix
@@ -148,7 +150,7 @@ async def process_batch(
     keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in ready]))
     try:
         results_by_row = await context.sender.send_all([(destination, row.body, f"{prefix}{row.id}")
-                                                        for row, destination in ready])
+                                                        for row, destination in ready], not_before)
     finally:
         keeper.cancel()
     finished = store_now()
@@ -163,6 +165,7 @@ async def process_batch(
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
                                                       finished + timedelta(seconds=settings.delivery.retry_base_delay)))
     await store_call(settings, record_outcomes, engine, writes.records)
+    await after_sending(ready, results_by_row, context)
     _log_timeouts(results_by_row, log)
     for row, reason, attempts in writes.failures:
         emit_delivery_failed(row.id, row.destination, reason, attempts)

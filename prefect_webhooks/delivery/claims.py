@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_store_unavailable, store_call
 from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.rate_limits import start_ramp
 from prefect_webhooks.delivery.sender import Sender, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.delivery.task import delivery_task
@@ -184,6 +185,9 @@ async def _follow_circuits(context: DeliveryContext) -> None:
     for url, limit in [*((url, 1) for url in guard.take_due_probes()), *((url, None) for url in
                                                                           guard.take_recovered())]:
         names = context.destinations.names_for_url(url)
+        if limit is None:
+            # The backlog comes due at once; the ramp paces it into the endpoint.
+            await start_ramp(context, url, names)
         try:
             moved = await store_call(context.settings, bring_forward, context.engine, names, limit=limit)
         except Exception as exc:

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from pydantic import ValidationError
 
 from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.disabled import disabled_positions
 from prefect_webhooks.blocks.saved import is_missing_block, load_block
 from prefect_webhooks.delivery.filters import Filters, compile_filters
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner
 from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
+from prefect_webhooks.store.endpoint_states import url_key
 
 USER_AGENT = "prefect-webhooks/1.0"
 
@@ -43,6 +46,12 @@ class Endpoint:
 
     url: str
     headers: dict[str, str]
+    position: int = 1
+    """Its place in the block's list, from 1 (how ``disabled_endpoints`` names it)."""
+    key: str = ""
+    """Its key in the store's ``endpoint_states`` (``url_key``)."""
+    rate_limit: float | None = None
+    burst: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +62,27 @@ class ResolvedDestination:
     endpoints: tuple[Endpoint, ...]
     signer: MessageSigner
     filters: Filters | None = None
+    disabled: tuple[Endpoint, ...] = ()
+    """Endpoints the block lists as disabled: they get no requests (not in ``endpoints``)."""
+    ordered: bool = False
+    disable_after: timedelta | None = None
 
 
 def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
     """Prepare a loaded block for sending: fixed headers per endpoint, its signer (secrets in the clear), its
     compiled filters."""
-    endpoints = []
-    for endpoint in block.endpoints:
+    endpoints, disabled = [], []
+    off = disabled_positions(block.disabled_endpoints)
+    for position, endpoint in enumerate(block.endpoints, start=1):
         headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
         headers.update(endpoint.header_values())
         headers.pop(SIGNATURE_HEADER, None)
-        endpoints.append(Endpoint(url=endpoint.url, headers=headers))
+        resolved = Endpoint(url=endpoint.url, headers=headers, position=position, key=url_key(endpoint.url),
+                            rate_limit=endpoint.rate_limit, burst=endpoint.rate_limit_burst)
+        (disabled if position in off else endpoints).append(resolved)
     return ResolvedDestination(name=name, endpoints=tuple(endpoints), signer=MessageSigner.for_block(block),
-                               filters=compile_filters(block.filters))
+                               filters=compile_filters(block.filters), disabled=tuple(disabled),
+                               ordered=block.ordered, disable_after=block.disable_after)
 
 
 def _problems(error: ValidationError) -> str:
@@ -109,6 +126,10 @@ class DestinationCache:
         # An explicitly given block stays until forgotten, whatever the TTL.
         self._entries[name] = (float("inf"), resolved)
         return resolved
+
+    def forget(self, name: str) -> None:
+        """Drop ``name`` from the cache: the next batch loads the block again (after this process saved it)."""
+        self._entries.pop(name, None)
 
     def names_for_url(self, url: str) -> list[str]:
         """The cached destinations that post to ``url``."""

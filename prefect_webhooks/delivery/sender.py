@@ -154,18 +154,26 @@ class Sender:
             return [await requests[0]]
         return list(await asyncio.gather(*requests))
 
-    async def send_all(self, items: Sequence[tuple[ResolvedDestination, bytes, str]]) -> list[list[RequestResult]]:
+    async def send_all(
+        self,
+        items: Sequence[tuple[ResolvedDestination, bytes, str]],
+        not_before: Sequence[float] | None = None,
+    ) -> list[list[RequestResult]]:
         """Send many ``(destination, body, message id)``; results in the same order.
 
         A fixed set of workers pulls from the list instead of one task per message: 500 waiting tasks cost the
-        event loop more than the requests themselves.
+        event loop more than the requests themselves. ``not_before`` gives each item the event loop time before
+        which it is not sent (its rate-limit slot); items must then be in the order of those times.
         """
         results: list[list[RequestResult]] = [[] for _ in items]
         pending = iter(range(len(items)))
+        loop = asyncio.get_running_loop()
 
         async def worker() -> None:
             for index in pending:
                 destination, body, key = items[index]
+                if not_before is not None and not_before[index] > loop.time():
+                    await asyncio.sleep(not_before[index] - loop.time())
                 results[index] = await self.send(destination, body, key)
 
         workers = min(self.settings.delivery.delivery_concurrency, len(items))

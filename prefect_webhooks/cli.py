@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -226,6 +227,115 @@ def rotate_secret(
         print(f"rotate-secret: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
     print(describe_rotation(outcome))
+
+
+def _moment(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time (naive means UTC), or a duration ago such as ``2h`` or ``7d``."""
+    from prefect_webhooks.blocks.rotation import parse_window
+
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            return datetime.now(timezone.utc) - parse_window(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is neither an ISO 8601 time nor a duration (2h, 7d)",
+                                     param_hint=option) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+@app.command()
+def replay(
+    destination: Annotated[str | None, typer.Argument(help="Name of the WebhookDestination block.")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Every destination with an endpoint at this URL (instead of a destination).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Only messages being attempted at or after this time: ISO 8601, or 2h, 7d ago.")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Only messages being attempted before this time.")] = None,
+    reason_prefix: Annotated[
+        str | None, typer.Option(help="Only messages whose reason starts with this: expired, permanent, disabled…")
+    ] = None,
+    filtered: Annotated[
+        bool, typer.Option("--filtered", help="Put back messages a filter rule dropped instead of failed ones.")
+    ] = False,
+) -> None:
+    """Put failed messages back into the outbox with a fresh deadline (the replay flow, with progress in the UI)."""
+    from prefect_webhooks.flows.replay import replay as replay_flow
+
+    if destination is None and endpoint is None:
+        raise typer.BadParameter("give a destination or --endpoint URL")
+    count = replay_flow(destination=destination, endpoint=endpoint, since=_moment(since, "--since"),
+                        until=_moment(until, "--until"), reason_prefix=reason_prefix, filtered=filtered)
+    print(f"replay: {count} message(s) are pending again")
+
+
+endpoint_app = typer.Typer(help="A destination's endpoints: limits and health, enable and disable.",
+                           no_args_is_help=True)
+app.add_typer(endpoint_app, name="endpoint")
+Positions = Annotated[
+    list[int] | None, typer.Option("--position", help="An endpoint by position, 1 = first (repeatable).", min=1)
+]
+
+
+@endpoint_app.command("list")
+def endpoint_list(destination: Annotated[str, typer.Argument(help="Name of the WebhookDestination block.")]) -> None:
+    """Show each endpoint of a destination: rate limit, enabled or disabled, failures in a row."""
+    import asyncio
+
+    from prefect_webhooks.delivery.endpoint_admin import endpoint_views
+    from prefect_webhooks.utilities.tables import table_text
+
+    views = asyncio.run(endpoint_views(destination))
+    print(table_text(["#", "url", "rate limit", "state", "failures", "failing since", "last error"], [
+        (view.position, view.url, view.rate_limit, view.state, view.failures,
+         f"{view.failing_since:%Y-%m-%d %H:%M:%S}" if view.failing_since else "", view.last_error or "")
+        for view in views]))
+
+
+@endpoint_app.command("enable")
+def endpoint_enable(
+    destination: Annotated[str, typer.Argument(help="Name of the WebhookDestination block.")],
+    position: Positions = None,
+    replay_failed: Annotated[
+        bool, typer.Option("--replay", help="Also put back the messages that failed while every endpoint was off.")
+    ] = False,
+) -> None:
+    """Enable disabled endpoints again (all of them without --position); their failure runs start afresh."""
+    import asyncio
+
+    from prefect_webhooks.delivery.endpoint_admin import aenable
+
+    try:
+        enabled, replayed = asyncio.run(aenable(destination, position, replay_failed))
+    except ValueError as exc:
+        print(f"endpoint enable: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(f"enabled endpoint(s) {enabled or 'none (none was disabled)'} of {destination}"
+          + (f"; {replayed} message(s) pending again" if replay_failed else ""))
+
+
+@endpoint_app.command("disable")
+def endpoint_disable(
+    destination: Annotated[str, typer.Argument(help="Name of the WebhookDestination block.")],
+    position: Positions = None,
+) -> None:
+    """Disable endpoints by hand: they get no requests until enabled again."""
+    import asyncio
+
+    from prefect_webhooks.delivery.endpoint_admin import adisable
+
+    if not position:
+        raise typer.BadParameter("give at least one --position")
+    try:
+        disabled = asyncio.run(adisable(destination, position))
+    except ValueError as exc:
+        print(f"endpoint disable: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print(f"disabled endpoint(s) {disabled or 'none (already disabled)'} of {destination}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.disabled import DisabledEndpoint
-from prefect_webhooks.blocks.saved import load_block, save_block
+from prefect_webhooks.blocks.saved import load_block, save_block, saved_documents
 
 
 def _positions_of(block: WebhookDestination, url: str | None) -> list[int]:
@@ -74,3 +74,11 @@ async def adisable_positions(name: str, positions: Sequence[int], reason: str) -
         block.disabled_endpoints = [*block.disabled_endpoints, *added]
         await save_block(block, name, overwrite=True)
     return [entry.position for entry in added]
+
+
+async def adestinations_with_url(url: str) -> list[str]:
+    """The names of the saved destinations that have an endpoint with ``url`` (read with secrets: URLs are)."""
+    documents = await saved_documents(WebhookDestination.get_block_type_slug(), include_secrets=True)
+    return sorted(document.name for document in documents
+                  if any(isinstance(endpoint, dict) and endpoint.get("url") == url
+                         for endpoint in document.data.get("endpoints") or []))

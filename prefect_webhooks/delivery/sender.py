@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -166,19 +167,31 @@ class Sender:
         which it is not sent (its rate-limit slot); items must then be in the order of those times.
         """
         results: list[list[RequestResult]] = [[] for _ in items]
-        pending = iter(range(len(items)))
         loop = asyncio.get_running_loop()
 
-        async def worker() -> None:
-            for index in pending:
-                destination, body, key = items[index]
-                if not_before is not None and not_before[index] > loop.time():
-                    await asyncio.sleep(not_before[index] - loop.time())
-                results[index] = await self.send(destination, body, key)
+        def pool(indexes: list[int]) -> list[Coroutine[Any, Any, None]]:
+            pending = iter(indexes)
 
-        workers = min(self.settings.delivery.delivery_concurrency, len(items))
+            async def worker() -> None:
+                for index in pending:
+                    destination, body, key = items[index]
+                    if not_before is not None and not_before[index] > loop.time():
+                        await asyncio.sleep(not_before[index] - loop.time())
+                    results[index] = await self.send(destination, body, key)
+
+            return [worker() for _ in range(min(self.settings.delivery.delivery_concurrency, len(indexes)))]
+
+        everything = list(range(len(items)))
+        if not_before is None:
+            workers = pool(everything)
+        else:
+            # Items waiting for a slot get their own workers: queued behind the others they would go late, and
+            # several late ones at once would exceed the endpoint's rate.
+            now = loop.time()
+            workers = pool([i for i in everything if not_before[i] <= now]) + pool(
+                [i for i in everything if not_before[i] > now])
         if workers:
-            await asyncio.gather(*(worker() for _ in range(workers)))
+            await asyncio.gather(*workers)
         return results
 
 

@@ -92,6 +92,8 @@ class Admission:
     delays: list[float] = field(default_factory=list)
     config_changed: bool = False
     """The limit differs from the one the store last saw: budget and parking cursor were reset."""
+    now: float = 0.0
+    """The database's now the delays count from."""
 
 
 def admit(
@@ -119,7 +121,7 @@ def admit(
     admission = Admission()
     with engine.begin() as connection:
         rows = lock_rows(connection, destination, [(limit.key, limit.url) for limit in limits])
-        now = database_clock(connection)
+        now = admission.now = database_clock(connection)
         cells = []
         for limit in limits:
             row = rows[limit.key]

@@ -25,9 +25,9 @@ def test_slots_are_spaced_at_the_rate_and_the_rest_is_parked_behind_them(backend
     parked = [delay for ok, delay in zip(admission.admitted, admission.delays, strict=True) if not ok]
     # Within the 1 s horizon: 0, 0.1, … 1.0 (11 slots), then 14 parked at the same pace after them.
     assert len(admitted) == 11 and len(parked) == 14
-    assert all(b - a == pytest.approx(0.1, abs=1e-6) for a, b in zip(admitted, admitted[1:]))
+    assert all(b - a == pytest.approx(0.1, abs=1e-6) for a, b in zip(admitted, admitted[1:], strict=False))
     assert parked[0] == pytest.approx(admitted[-1] + 0.1, abs=0.01)
-    assert all(b - a == pytest.approx(0.1, abs=1e-6) for a, b in zip(parked, parked[1:]))
+    assert all(b - a == pytest.approx(0.1, abs=1e-6) for a, b in zip(parked, parked[1:], strict=False))
 
 
 def test_a_second_caller_gets_later_slots_and_fresh_messages_queue_behind_parked_ones(backend_url: str) -> None:
@@ -77,8 +77,8 @@ def test_concurrent_callers_never_share_a_slot(backend_url: str) -> None:
         for _ in range(5):
             admission = take(3, Limit("k1", "u", 100.0), horizon=60.0)
             with lock:
-                slots.extend(admission.now + delay for ok, delay in zip(admission.admitted, admission.delays, strict=True)
-                             if ok)
+                slots.extend(admission.now + delay
+                             for ok, delay in zip(admission.admitted, admission.delays, strict=True) if ok)
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for thread in threads:
@@ -87,4 +87,4 @@ def test_concurrent_callers_never_share_a_slot(backend_url: str) -> None:
         thread.join()
     assert len(slots) == 120
     slots.sort()
-    assert min(b - a for a, b in zip(slots, slots[1:])) == pytest.approx(0.01, abs=1e-6)
+    assert min(b - a for a, b in zip(slots, slots[1:], strict=False)) == pytest.approx(0.01, abs=1e-6)

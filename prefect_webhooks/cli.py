@@ -257,7 +257,7 @@ def replay(
     ] = None,
     until: Annotated[str | None, typer.Option(help="Only messages being attempted before this time.")] = None,
     reason_prefix: Annotated[
-        str | None, typer.Option(help="Only messages whose reason starts with this: expired, permanent, disabled…")
+        str | None, typer.Option(help="Only messages whose reason starts with this: expired, permanent or disabled.")
     ] = None,
     filtered: Annotated[
         bool, typer.Option("--filtered", help="Put back messages a filter rule dropped instead of failed ones.")

@@ -19,7 +19,7 @@ import typer
 from prefect_webhooks.cli import app, main
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "demo")
+COMMANDS = ("ingest", "serve", "status", "demo", "replay")
 
 
 def _script() -> str:
@@ -124,3 +124,37 @@ def test_the_command_line_loads_without_prefect_or_settings() -> None:
     heavy = {"prefect", "httpx", "pydantic", "pydantic_settings", "sqlalchemy", "prefect_webhooks.settings"}
     assert "prefect_webhooks.cli" in loaded
     assert sorted(heavy.intersection(loaded)) == []
+
+
+def test_endpoint_commands_show_and_switch_a_destinations_endpoints(prefect_harness: None, store_url: str) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_webhooks.blocks.destination import WebhookDestination
+
+    WebhookDestination(endpoints=[{"url": "https://a.example.com/in?token=secret", "rate_limit": 10},
+                                  {"url": "https://b.example.com/in"}]).save("cli-endpoints", overwrite=True)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([_script(), "endpoint", *args], capture_output=True, text=True, timeout=120, env=env)
+
+    assert run("disable", "cli-endpoints", "--position", "2").stdout.strip() == (
+        "disabled endpoint(s) [2] of cli-endpoints")
+    listed = run("list", "cli-endpoints").stdout
+    # The URL's query (it may hold a token) is not shown.
+    assert "secret" not in listed and "https://a.example.com/in" in listed
+    assert re.search(r"1\s+https://a.example.com/in\s+10/s \(burst 1\)\s+enabled", listed), listed
+    assert re.search(r"2\s+https://b.example.com/in\s+none\s+disabled", listed), listed
+    wrong = run("enable", "cli-endpoints", "--position", "3")
+    assert wrong.returncode == 1 and "has no endpoint 3 (it has 2)" in wrong.stderr
+    assert run("enable", "cli-endpoints").stdout.strip() == "enabled endpoint(s) [2] of cli-endpoints"
+
+
+def test_replay_needs_a_destination_or_an_endpoint() -> None:
+    def error(*args: str) -> str:
+        done = subprocess.run([_script(), "replay", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        return " ".join(done.stderr.replace("│", " ").split())
+
+    assert "give a destination or --endpoint URL" in error("--since", "2h")
+    assert "'yesterday' is neither an ISO 8601 time nor a duration (2h, 7d)" in error("d", "--since", "yesterday")

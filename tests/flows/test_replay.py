@@ -33,26 +33,25 @@ def outbox() -> list[Any]:
         return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
 
 
-async def replay_summary(state: Any) -> dict[str, Any]:
-    """The one row of the replay run's table artifact."""
+async def run_artifact(state: Any, kind: str) -> Any:
+    """The data of the replay run's artifact of type ``kind`` (``table`` or ``progress``)."""
     async with get_client() as client:
         response = await client.request(
             "POST", "/artifacts/filter",
             json={"artifacts": {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}, "limit": 10,
                   "offset": 0, "sort": "CREATED_DESC"})
-    (artifact,) = [artifact for artifact in response.json() if artifact["type"] == "table"]
-    return orjson.loads(artifact["data"])[0]
+    (artifact,) = [artifact for artifact in response.json() if artifact["type"] == kind]
+    return artifact["data"]
+
+
+async def replay_summary(state: Any) -> dict[str, Any]:
+    """The one row of the replay run's table artifact."""
+    return orjson.loads(await run_artifact(state, "table"))[0]
 
 
 async def progress_of(state: Any) -> float:
     """Where the replay run's progress artifact ended."""
-    async with get_client() as client:
-        response = await client.request(
-            "POST", "/artifacts/filter",
-            json={"artifacts": {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}, "limit": 10,
-                  "offset": 0, "sort": "CREATED_DESC"})
-    (artifact,) = [artifact for artifact in response.json() if artifact["type"] == "progress"]
-    return float(artifact["data"])
+    return float(await run_artifact(state, "progress"))
 
 
 @pytest.fixture

@@ -137,7 +137,8 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
                and time.monotonic() >= next_claim_at):
             try:
                 rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
-                                        options.destination, lease_seconds=context.settings.delivery.lease_seconds)
+                                        options.destination, lease_seconds=context.settings.delivery.lease_seconds,
+                                        in_order=context.shared.may_be_ordered())
             except Exception as exc:
                 if stop_at is None or not is_store_unavailable(exc):
                     raise

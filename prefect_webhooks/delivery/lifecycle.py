@@ -83,6 +83,12 @@ async def observe_health(
     ready: Sequence[Ready], results_by_row: Sequence[Sequence[RequestResult]], context: DeliveryContext
 ) -> None:
     """Add a sent batch's outcomes to its endpoints' health; emit events and disable endpoints as it says."""
+    all_delivered = all(result.outcome == DELIVERED for results in results_by_row for result in results)
+    if all_delivered and not any(context.shared.endpoint(destination.name, endpoint.key) is not None
+                                 for destination in {d.name: d for _, d in ready}.values()
+                                 for endpoint in destination.endpoints):
+        # The common case: healthy endpoints with no failure run to end; nothing to record.
+        return
     for name, (destination, reports) in health_reports(ready, results_by_row).items():
         changed = [report for report in reports if needs_recording(report, context.shared.endpoint(name, report.key))]
         if not changed:

@@ -66,17 +66,16 @@ async def admit_ready(
         (None when no message needs budget).
     """
     await context.shared.refresh({destination.name for _, destination in ready})
+    limits_by_name = {destination.name: limits_of(destination, context) for destination in
+                      {destination.name: destination for _, destination in ready}.values()}
     limited: dict[str, tuple[ResolvedDestination, list[Limit], list[Claimed]]] = {}
     free: list[Ready] = []
     for row, destination in ready:
-        entry = limited.get(destination.name)
-        if entry is None:
-            limits = limits_of(destination, context)
-            if not limits:
-                free.append((row, destination))
-                continue
-            entry = limited[destination.name] = (destination, limits, [])
-        entry[2].append(row)
+        limits = limits_by_name[destination.name]
+        if not limits:
+            free.append((row, destination))
+            continue
+        limited.setdefault(destination.name, (destination, limits, []))[2].append(row)
     if not limited:
         return ready, None
     paced: list[tuple[float, Ready]] = []
@@ -126,7 +125,9 @@ async def record_pauses(ready: Sequence[Ready], results_by_row: Sequence[Sequenc
     cap = context.settings.delivery.retry_max_delay
     for (_, destination), results in zip(ready, results_by_row, strict=True):
         for result in results:
-            seconds = retry_after_seconds(result.retry_after) if result.retry_after else None
+            if not result.retry_after:
+                continue
+            seconds = retry_after_seconds(result.retry_after)
             endpoint = _endpoint_for(destination, result.url)
             if not seconds or endpoint is None:
                 continue

@@ -164,32 +164,51 @@ class Sender:
 
         A fixed set of workers pulls from the list instead of one task per message: 500 waiting tasks cost the
         event loop more than the requests themselves. ``not_before`` gives each item the event loop time before
-        which it is not sent (its rate-limit slot); items must then be in the order of those times.
+        which it is not sent (its rate-limit slot); the items of one destination with a slot ahead go one after
+        the other, each keeping its planned distance from the previous one.
         """
         results: list[list[RequestResult]] = [[] for _ in items]
         loop = asyncio.get_running_loop()
+
+        async def send_one(index: int) -> None:
+            destination, body, key = items[index]
+            results[index] = await self.send(destination, body, key)
 
         def pool(indexes: list[int]) -> list[Coroutine[Any, Any, None]]:
             pending = iter(indexes)
 
             async def worker() -> None:
                 for index in pending:
-                    destination, body, key = items[index]
-                    if not_before is not None and not_before[index] > loop.time():
-                        await asyncio.sleep(not_before[index] - loop.time())
-                    results[index] = await self.send(destination, body, key)
+                    await send_one(index)
 
             return [worker() for _ in range(min(self.settings.delivery.delivery_concurrency, len(indexes)))]
+
+        async def paced(indexes: list[int]) -> None:
+            # One destination's slots in order. A send that went late (a busy event loop) pushes the next one back
+            # by the planned gap, so late sends never bunch up above the endpoint's rate.
+            assert not_before is not None
+            started, previous = [], None
+            for index in indexes:
+                at = not_before[index]
+                if previous is not None:
+                    at = max(at, previous[1] + at - previous[0])
+                if at > loop.time():
+                    await asyncio.sleep(at - loop.time())
+                previous = (not_before[index], loop.time())
+                started.append(asyncio.ensure_future(send_one(index)))
+            await asyncio.gather(*started)
 
         everything = list(range(len(items)))
         if not_before is None:
             workers = pool(everything)
         else:
-            # Items waiting for a slot get their own workers: queued behind the others they would go late, and
-            # several late ones at once would exceed the endpoint's rate.
             now = loop.time()
-            workers = pool([i for i in everything if not_before[i] <= now]) + pool(
-                [i for i in everything if not_before[i] > now])
+            chains: dict[str, list[int]] = {}
+            for index in everything:
+                if not_before[index] > now:
+                    chains.setdefault(items[index][0].name, []).append(index)
+            workers = [*pool([i for i in everything if not_before[i] <= now]),
+                       *(paced(sorted(chain, key=not_before.__getitem__)) for chain in chains.values())]
         if workers:
             await asyncio.gather(*workers)
         return results

@@ -62,6 +62,11 @@ class SharedState:
         """Whether the store lists ``destination`` as ordered (as last read)."""
         return destination in self._ordered
 
+    def may_be_ordered(self) -> bool:
+        """Whether a claim must apply the ordered-delivery rule: some destination was listed as ordered at the last
+        read (or nothing was read yet). A destination switched meanwhile is caught by the batch's re-check."""
+        return self._read_at == -float("inf") or bool(self._ordered)
+
     def note_ordered(self, destination: str, ordered: bool) -> None:
         """Remember a change this process made to the ordered set."""
         (self._ordered.add if ordered else self._ordered.discard)(destination)

@@ -65,10 +65,11 @@ async def test_a_limited_endpoint_gets_its_rate_and_another_is_not_slowed(fast_s
     arrivals = [request.at for request in limited.requests]
     assert len(arrivals) == 60 and states() == {DELIVERED: 1060}
     # GCRA with burst 1: at most rate + 1 in any second, and 60 requests take about 59 / 20 s.
-    assert most_in_a_second(arrivals) <= 21
+    assert most_in_a_second(arrivals) <= 21, sorted(round(at - started, 3) for at in arrivals)
     assert max(arrivals) - min(arrivals) >= 59 / 20 - 0.1
     # The free destination's thousand messages do not wait for the limited one's pace.
-    assert max(request.at for request in free.requests) - started < 2.5
+    free_took = max(request.at for request in free.requests) - started
+    assert free_took < 2.5, free_took
 
 
 async def test_retry_after_pauses_the_endpoint_for_every_message(fast_settings: str) -> None:

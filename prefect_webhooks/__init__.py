@@ -26,6 +26,7 @@ from prefect_webhooks.utilities.exports import lazy_exports
 if TYPE_CHECKING:
     from prefect_webhooks.blocks import Source, WebhookDestination
     from prefect_webhooks.client import Analytics, AnalyticsError
+    from prefect_webhooks.inbound.sources import aregister_source, register_source
     from prefect_webhooks.messages import Alias, Group, Identify, Page, Screen, Track
 
 moved_modules.install()
@@ -41,10 +42,14 @@ __all__ = [
     "Source",
     "Track",
     "WebhookDestination",
+    "aregister_source",
+    "register_source",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("Alias", "Group", "Identify", "Page", "Screen", "Track"), "prefect_webhooks.messages"),
     **dict.fromkeys(("Analytics", "AnalyticsError"), "prefect_webhooks.client"),
     **dict.fromkeys(("Source", "WebhookDestination"), "prefect_webhooks.blocks"),
+    # Saving a source through these refuses a write key another source has (Source.save would not).
+    **dict.fromkeys(("aregister_source", "register_source"), "prefect_webhooks.inbound.sources"),
 })

@@ -161,6 +161,36 @@ def status(
 
 
 @app.command()
+def preview(
+    destination: Annotated[str, typer.Argument(help="Name of the saved WebhookDestination block.")],
+    message: Annotated[
+        Path,
+        typer.Option(help="JSON file with one outbound message, or a list of them ('-': standard input).",
+                     allow_dash=True),
+    ],
+) -> None:
+    """Print the exact requests (method, URL, headers, signatures, body) a destination would make for a message,
+    without sending anything; secret header values are masked."""
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.blocks.saved import is_missing_block
+    from prefect_webhooks.delivery.preview import check_messages, preview_requests
+
+    try:
+        text = sys.stdin.read() if str(message) == "-" else message.read_text(encoding="utf-8")
+        messages = check_messages(json.loads(text))
+    except (OSError, ValueError) as exc:
+        print(f"preview: {message}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    try:
+        block = WebhookDestination.load(destination)
+    except Exception as exc:
+        reason = "no such block" if is_missing_block(exc) else f"cannot be loaded ({type(exc).__name__})"
+        print(f"preview: WebhookDestination {destination!r}: {reason}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print("\n\n".join(request.text() for request in preview_requests(block, messages)))
+
+
+@app.command()
 def demo(
     run_dir: Annotated[
         Path | None,

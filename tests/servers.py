@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -146,3 +146,52 @@ def task_names(flow_run_id: object) -> set[str]:
             "flow_runs": {"id": {"any_": [str(flow_run_id)]}}, "limit": 200, "offset": 0}).json()
     return {run["name"].rsplit("-", 1)[0] for run in runs}
 
+
+
+@dataclass
+class Background:
+    """A command running in its own process group, its output (stdout and stderr) collected in a file."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        """Block until ``text`` is in the output; fail with the output if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.process.poll() is not None:
+                raise AssertionError(f"exited {self.process.returncode} before printing {text!r}:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} after {timeout:.0f} s:\n{self.output()}")
+            time.sleep(0.2)
+
+    def stop(self, signum: int = signal.SIGINT, timeout: float = 60.0) -> float:
+        """Send ``signum`` to the process and return the seconds it took to exit (its group is killed after
+        ``timeout``)."""
+        started = time.monotonic()
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+        seconds = time.monotonic() - started
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # whatever it left behind
+        self.process.wait()
+        return seconds
+
+
+@contextmanager
+def background(command: list[str], *, env: dict[str, str], cwd: Path, name: str) -> Iterator[Background]:
+    """Run ``command`` in the background for the ``with`` block; its output goes to ``cwd/name.log``."""
+    log = cwd / f"{name}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    running = Background(process, log)
+    try:
+        yield running
+    finally:
+        running.stop(signal.SIGTERM, timeout=20)

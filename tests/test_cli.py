@@ -17,9 +17,10 @@ import pytest
 import typer
 
 from prefect_webhooks.cli import app, main
+from tests.docs_pages import page, section
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "demo", "replay")
+COMMANDS = ("ingest", "serve", "status", "demo", "preview", "replay")
 
 
 def _script() -> str:
@@ -65,6 +66,9 @@ def test_every_option_of_every_command_has_a_help_text(name: str) -> None:
     out = _help(name)
     for option in options:
         assert option.opts[0] in out, (name, option.opts[0])
+    # The command-line reference documents every command and option.
+    documented = section(page("reference/cli.md"), f"`{name}`")
+    assert [option.opts[0] for option in options if f"`{option.opts[0]}" not in documented] == []
 
 
 @contextmanager

@@ -17,9 +17,10 @@ from prefect import Flow
 from prefect.blocks.core import Block
 
 from prefect_webhooks.utilities.moved_modules import MOVED_MODULES, MovedModuleFinder
+from tests.docs_pages import doc_pages
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+README = "\n".join(path.read_text(encoding="utf-8") for path in doc_pages())  # README.md and docs/
 
 
 def resolve(dotted: str) -> object:

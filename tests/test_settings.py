@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from prefect_webhooks.settings import WebhooksSettings, get_settings
+from tests.docs_pages import page
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+SETTINGS_PAGE = page("reference/settings.md")
 
 
 def grouped_fields() -> list[tuple[str, str]]:
@@ -40,10 +39,10 @@ def test_a_bad_value_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPat
         WebhooksSettings()
 
 
-def test_no_setting_name_is_in_two_groups_and_the_readme_lists_each_one() -> None:
+def test_no_setting_name_is_in_two_groups_and_the_settings_page_lists_each_one() -> None:
     names = [name for _, name in grouped_fields()]
     assert len(names) == len(set(names))
-    missing = [name for name in names if f"`PREFECT_WEBHOOKS_{name.upper()}`" not in README]
+    missing = [name for name in names if f"`PREFECT_WEBHOOKS_{name.upper()}`" not in SETTINGS_PAGE]
     assert missing == []
     for group, _ in grouped_fields():
-        assert f"**{group}** (`get_settings().{group}`)" in README
+        assert f"**{group}** (`get_settings().{group}`)" in SETTINGS_PAGE

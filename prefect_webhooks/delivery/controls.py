@@ -13,17 +13,17 @@ from collections.abc import Sequence
 from prefect_webhooks.delivery.context import DeliveryContext
 from prefect_webhooks.delivery.lifecycle import fail_where_all_disabled, observe_health
 from prefect_webhooks.delivery.ordering import hold_back, sync_ordered
-from prefect_webhooks.delivery.rate_limits import Ready, admit_ready, record_pauses
+from prefect_webhooks.delivery.rate_limits import Ready, Slots, admit_ready, record_pauses
 from prefect_webhooks.delivery.sender import RequestResult
 from prefect_webhooks.messages.outcomes import OutcomeRecords
 
 
 async def before_sending(
     ready: list[Ready], context: DeliveryContext, records: OutcomeRecords
-) -> tuple[list[Ready], list[float] | None]:
-    """The messages to send now, and the event loop time each may go at (None: all at once)."""
+) -> tuple[list[Ready], Slots]:
+    """The messages to send now (those of batching destinations included), and when those that took budget go."""
     if not ready:
-        return ready, None
+        return ready, Slots()
     ready = fail_where_all_disabled(ready, records)
     await sync_ordered(ready, context)
     ready = await hold_back(ready, context)

@@ -20,13 +20,11 @@ from pydantic import ValidationError
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.disabled import disabled_positions
 from prefect_webhooks.blocks.saved import is_missing_block, load_block
+from prefect_webhooks.delivery.batch_bodies import Batching, batching_of
 from prefect_webhooks.delivery.filters import Filters, compile_filters
+from prefect_webhooks.delivery.request_shape import Endpoint, endpoint_of
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner
-from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
-from prefect_webhooks.store.endpoint_states import url_key
-
-USER_AGENT = "prefect-webhooks/1.0"
 
 
 class DestinationNotFound(LookupError):
@@ -41,20 +39,6 @@ class InvalidDestination(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One URL ready to post to: the headers every request carries (static ones included)."""
-
-    url: str
-    headers: dict[str, str]
-    position: int = 1
-    """Its place in the block's list, from 1 (how ``disabled_endpoints`` names it)."""
-    key: str = ""
-    """Its key in the store's ``endpoint_states`` (``url_key``)."""
-    rate_limit: float | None = None
-    burst: int = 1
-
-
-@dataclass(frozen=True, slots=True)
 class ResolvedDestination:
     """A destination block reduced to what sending needs."""
 
@@ -62,6 +46,7 @@ class ResolvedDestination:
     endpoints: tuple[Endpoint, ...]
     signer: MessageSigner
     filters: Filters | None = None
+    batching: Batching | None = None
     disabled: tuple[Endpoint, ...] = ()
     """Endpoints the block lists as disabled: they get no requests (not in ``endpoints``)."""
     ordered: bool = False
@@ -69,20 +54,16 @@ class ResolvedDestination:
 
 
 def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
-    """Prepare a loaded block for sending: fixed headers per endpoint, its signer (secrets in the clear), its
-    compiled filters."""
-    endpoints, disabled = [], []
+    """Prepare a loaded block for sending: each endpoint ready to send to (``request_shape``), those the block
+    lists as disabled apart, its signer (secrets in the clear), its compiled filters and its batching options."""
+    ca_file = get_settings().delivery.tls_ca_file or None
     off = disabled_positions(block.disabled_endpoints)
+    endpoints, disabled = [], []
     for position, endpoint in enumerate(block.endpoints, start=1):
-        headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
-        headers.update(endpoint.header_values())
-        headers.pop(SIGNATURE_HEADER, None)
-        resolved = Endpoint(url=endpoint.url, headers=headers, position=position, key=url_key(endpoint.url),
-                            rate_limit=endpoint.rate_limit, burst=endpoint.rate_limit_burst)
-        (disabled if position in off else endpoints).append(resolved)
+        (disabled if position in off else endpoints).append(endpoint_of(endpoint, ca_file, position))
     return ResolvedDestination(name=name, endpoints=tuple(endpoints), signer=MessageSigner.for_block(block),
-                               filters=compile_filters(block.filters), disabled=tuple(disabled),
-                               ordered=block.ordered, disable_after=block.disable_after)
+                               filters=compile_filters(block.filters), batching=batching_of(block),
+                               disabled=tuple(disabled), ordered=block.ordered, disable_after=block.disable_after)
 
 
 def _problems(error: ValidationError) -> str:

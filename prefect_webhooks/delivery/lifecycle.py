@@ -58,10 +58,13 @@ def health_reports(
     """Per destination, what the batch's requests came to per endpoint (requests not sent are left out)."""
     by_endpoint: dict[tuple[str, str], list[RequestResult]] = {}
     destinations: dict[str, ResolvedDestination] = {}
+    counted: set[int] = set()
     for (_, destination), results in zip(ready, results_by_row, strict=True):
         destinations[destination.name] = destination
         for result in results:
-            if result.error != CIRCUIT_OPEN_ERROR:
+            # The messages of one batch share its request's result: it counts once.
+            if result.error != CIRCUIT_OPEN_ERROR and id(result) not in counted:
+                counted.add(id(result))
                 by_endpoint.setdefault((destination.name, result.url), []).append(result)
     reports: dict[str, tuple[ResolvedDestination, list[HealthReport]]] = {}
     for (name, url), results in by_endpoint.items():

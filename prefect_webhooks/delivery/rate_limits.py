@@ -2,7 +2,8 @@
 
 An endpoint needs budget when its block sets ``rate_limit``, or when the store says it is paused by a receiver's
 ``Retry-After`` or ramping up after a recovery (``store.budget`` explains the slots). For each destination with such
-an endpoint the batch takes slots in one store transaction; a message with a slot is sent at that instant, one
+an endpoint the batch takes slots in one store transaction, one per request (a batching destination's batch is
+one request); a message with a slot is sent at that instant, one
 without is put off to its estimated turn with the reason ``throttled: …`` and moves out of the due messages (no
 claim reads it before then). Messages to other endpoints never touch any of this.
 
@@ -17,11 +18,14 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from prefect_webhooks.delivery.batch_bodies import cut, item_size
 from prefect_webhooks.delivery.context import DeliveryContext, store_call
-from prefect_webhooks.delivery.destinations import Endpoint, ResolvedDestination
+from prefect_webhooks.delivery.destinations import ResolvedDestination
+from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import THROTTLED_REASON, OutcomeRecords, Rescheduled
 from prefect_webhooks.messages.retry import retry_after_seconds
@@ -56,15 +60,33 @@ def limits_of(destination: ResolvedDestination, context: DeliveryContext) -> lis
     return limits
 
 
+@dataclass(slots=True)
+class Slots:
+    """When the messages that took budget go: per outbox id, its request's event loop time; for batching
+    destinations also the number of its request (the messages of one request share a slot)."""
+
+    at: dict[int, float] = field(default_factory=dict)
+    request_of: dict[int, int] = field(default_factory=dict)
+
+    def times_of(self, ready: Sequence[Ready]) -> list[float] | None:
+        """Each message's time to go, in ``ready`` order (0: at once), or None when none took budget."""
+        if not self.at:
+            return None
+        return [self.at.get(row.id, 0.0) for row, _ in ready]
+
+
 async def admit_ready(
     ready: list[Ready], context: DeliveryContext, records: OutcomeRecords
-) -> tuple[list[Ready], list[float] | None]:
+) -> tuple[list[Ready], Slots]:
     """Take budget for the messages to limited endpoints; put off those without it (added to ``records``).
 
+    A batching destination takes one slot per request: its messages are cut into batches here as they will be
+    sent (``batch_size``, and ``batch_bytes`` for the largest body any endpoint gets), one slot each.
+
     Returns:
-        The messages to send, those with a slot last and in slot order, and each one's event loop time to send at
-        (None when no message needs budget).
+        The messages to send and the slots of those that took budget.
     """
+    slots = Slots()
     await context.shared.refresh({destination.name for _, destination in ready})
     limits_by_name = {destination.name: limits_of(destination, context) for destination in
                       {destination.name: destination for _, destination in ready}.values()}
@@ -77,13 +99,10 @@ async def admit_ready(
             continue
         limited.setdefault(destination.name, (destination, limits, []))[2].append(row)
     if not limited:
-        return ready, None
-    paced: list[tuple[float, Ready]] = []
+        return ready, slots
     for destination, limits, rows in limited.values():
-        paced += await _admit_destination(destination, limits, rows, context, records)
-    paced.sort(key=lambda item: item[0])
-    now = asyncio.get_running_loop().time()
-    return free + [item for _, item in paced], [now] * len(free) + [at for at, _ in paced]
+        free += await _admit_destination(destination, limits, rows, context, records, slots)
+    return free, slots
 
 
 async def _admit_destination(
@@ -92,26 +111,53 @@ async def _admit_destination(
     rows: list[Claimed],
     context: DeliveryContext,
     records: OutcomeRecords,
-) -> list[tuple[float, Ready]]:
+    slots: Slots,
+) -> list[Ready]:
     # Messages coming back from being put off go first, then the others as they came due.
     rows.sort(key=lambda row: (not _was_parked(row), row.next_attempt_at, row.id))
+    requests = _requests_of(destination, rows, context.key_prefix or "")
     admission = await store_call(context.settings, admit, context.engine, destination.name, limits,
-                                 [_was_parked(row) for row in rows], horizon=HORIZON_SECONDS, ramp=ramp_of(context))
+                                 [any(map(_was_parked, request)) for request in requests], horizon=HORIZON_SECONDS,
+                                 ramp=ramp_of(context))
     loop_now, store_time = asyncio.get_running_loop().time(), store_now()
     why = f"{THROTTLED_REASON} waiting for the request budget of {', '.join(limit.url for limit in limits)}"
-    paced = []
-    for row, admitted, delay in zip(rows, admission.admitted, admission.delays, strict=True):
-        if admitted:
-            paced.append((loop_now + delay, (row, destination)))
-            continue
-        wait = timedelta(seconds=delay)
-        first_attempt_at = row.first_attempt_at + wait if row.first_attempt_at is not None else None
-        records.rescheduled.append(Rescheduled(row.id, row.attempts, first_attempt_at, why, store_time + wait))
+    sending = []
+    for number, (request, admitted, delay) in enumerate(
+            zip(requests, admission.admitted, admission.delays, strict=True)):
+        for row in request:
+            if admitted:
+                slots.at[row.id], slots.request_of[row.id] = loop_now + delay, number
+                sending.append((row, destination))
+                continue
+            wait = timedelta(seconds=delay)
+            first_attempt_at = row.first_attempt_at + wait if row.first_attempt_at is not None else None
+            records.rescheduled.append(Rescheduled(row.id, row.attempts, first_attempt_at, why, store_time + wait))
     if admission.config_changed:
         # Messages put off at the old pace come back now and are placed at the new one.
         await store_call(context.settings, release_parked, context.engine, destination.name)
     context.shared.mark_stale()
-    return paced
+    return sending
+
+
+def _requests_of(destination: ResolvedDestination, rows: list[Claimed], key_prefix: str) -> list[list[Claimed]]:
+    """The messages of each request ``rows`` make: one each, or the batches a batching destination cuts."""
+    if destination.batching is None:
+        return [[row] for row in rows]
+    return cut(rows, destination.batching, lambda row: max(
+        item_size(f"{key_prefix}{row.id}", endpoint.render(row.body)) for endpoint in destination.endpoints))
+
+
+async def slots_for(context: DeliveryContext, destination: ResolvedDestination, endpoint: Endpoint,
+                    count: int) -> list[float]:
+    """Event loop times for ``count`` more requests to ``endpoint`` (the halves of a batch it refused with 413):
+    the next slots of its budget, or now when it needs none."""
+    now = asyncio.get_running_loop().time()
+    limits = [limit for limit in limits_of(destination, context) if limit.key == endpoint.key]
+    if not limits:
+        return [now] * count
+    admission = await store_call(context.settings, admit, context.engine, destination.name, limits, [True] * count,
+                                 horizon=math.inf, ramp=ramp_of(context))
+    return [now + delay for delay in admission.delays]
 
 
 def _was_parked(row: Claimed) -> bool:

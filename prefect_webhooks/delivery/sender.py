@@ -1,6 +1,7 @@
-"""The HTTP sender: one aiohttp session per delivering process, each message signed and posted to every URL.
+"""The HTTP sender: one aiohttp session per delivering process, each message signed and sent to every URL.
 
-``Sender.post`` makes one request and classifies what happened (``RequestResult``); ``send`` fans one message out to
+``Sender.post`` makes one request and classifies what happened (``RequestResult``); ``request`` sends one shaped
+request (``request_shape``) with its method, client certificate and OAuth2 token; ``send`` fans one message out to
 its destination's URLs; ``send_all`` sends a batch with a fixed set of workers.
 """
 
@@ -9,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from prefect_webhooks.delivery.auth import TokenCache, TokenRequestError
 from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
 from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.network import BlockedAddressError, delivery_connector
+from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
 from prefect_webhooks.messages.outcomes import PERMANENT, RETRY
 from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
@@ -55,6 +59,8 @@ class RequestResult:
     error: str | None = None
     latency_ms: float = 0.0
     retry_after: str | None = None
+    body: bytes | None = None
+    """The response body, kept only when asked for (a token request)."""
 
     def summary(self) -> str:
         """The status or error, for a reason text."""
@@ -74,6 +80,7 @@ class Sender:
             cooldown=self.settings.delivery.circuit_cooldown_seconds,
             concurrency=min(self.settings.delivery.endpoint_concurrency, self.settings.delivery.delivery_concurrency),
         )
+        self.tokens = TokenCache()
 
     async def __aenter__(self) -> Sender:
         connector = delivery_connector(
@@ -94,8 +101,18 @@ class Sender:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
-        """POST ``body`` to ``url`` once unless its circuit is open, and classify what happened.
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        *,
+        method: str = "POST",
+        ssl: ssl.SSLContext | None = None,
+        keep_body: bool = False,
+    ) -> RequestResult:
+        """Send ``body`` to ``url`` once (POST unless ``method`` says otherwise; ``ssl``: a client certificate's
+        context) unless its circuit is open, and classify what happened.
 
         The URL's own slot is taken before a process slot, so a hanging endpoint holds at most
         ``endpoint_concurrency`` of them. Never raises for network outcomes.
@@ -105,20 +122,23 @@ class Sender:
                 return RequestResult(url, store_now(), RETRY, error=CIRCUIT_OPEN_ERROR)
             result: RequestResult | None = None
             try:
-                result = await self._post(url, body, headers)
+                result = await self._post(url, body, headers, method, ssl, keep_body)
             finally:
                 # A cancelled probe counts as a failure, so the circuit never waits for a probe that is gone.
                 self.guard.record(url, result is not None and result.outcome != RETRY)
             return result
 
-    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str], method: str, ssl: ssl.SSLContext | None, keep_body: bool
+    ) -> RequestResult:
         assert self._session is not None, "use Sender as an async context manager"
         async with self._slots:
             attempted_at = store_now()
             started = time.perf_counter()
             try:
-                async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
-                    await response.read()
+                async with self._session.request(method, url, data=body, headers=headers, allow_redirects=False,
+                                                 ssl=ssl if ssl is not None else True) as response:
+                    answer = await response.read()
                     status = response.status
                     retry_after = response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None
             except aiohttp.ClientConnectorCertificateError as exc:
@@ -143,17 +163,42 @@ class Sender:
                 return RequestResult(url, attempted_at, RETRY, error=f"connection error: {_describe(exc)}",
                                      latency_ms=_ms(started))
         return RequestResult(url, attempted_at, classify_status(status), status=status, latency_ms=_ms(started),
-                             retry_after=retry_after)
+                             retry_after=retry_after, body=answer if keep_body else None)
+
+    async def request(self, request: Request) -> RequestResult:
+        """Send one shaped request; with OAuth2, with a token, and once more with a new token after a 401."""
+        endpoint = request.endpoint
+        if endpoint.oauth2 is None:
+            return await self._send(request, request.headers)
+        result, token = await self._with_token(request)
+        if result.status == 401 and token is not None:
+            # A token can be revoked before it expires: one new token, one more try.
+            self.tokens.discard(endpoint.oauth2, token)
+            result, _ = await self._with_token(request)
+        return result
+
+    async def _with_token(self, request: Request) -> tuple[RequestResult, str | None]:
+        assert request.endpoint.oauth2 is not None
+        try:
+            token = await self.tokens.get(request.endpoint.oauth2, self._post_token_form)
+        except TokenRequestError as exc:
+            return RequestResult(request.endpoint.url, store_now(), exc.outcome, error=str(exc)), None
+        return await self._send(request, {**request.headers, AUTHORIZATION_HEADER: f"Bearer {token}"}), token
+
+    async def _send(self, request: Request, headers: dict[str, str]) -> RequestResult:
+        endpoint = request.endpoint
+        return await self.post(endpoint.url, request.body, headers, method=endpoint.method, ssl=endpoint.ssl)
+
+    async def _post_token_form(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
+        return await self.post(url, body, headers, keep_body=True)
 
     async def send(self, destination: ResolvedDestination, body: bytes, key: str) -> list[RequestResult]:
         """Send one message (stable id ``key``) to every URL of its destination at once (fan-out)."""
-        headers_extra = destination.signer.headers(body, key)
-        requests = []
-        for endpoint in destination.endpoints:
-            requests.append(self.post(endpoint.url, body, {**endpoint.headers, **headers_extra}))
+        requests = shape_requests(destination.endpoints, destination.signer, key,
+                                  lambda endpoint: endpoint.render(body))
         if len(requests) == 1:
-            return [await requests[0]]
-        return list(await asyncio.gather(*requests))
+            return [await self.request(requests[0])]
+        return list(await asyncio.gather(*(self.request(request) for request in requests)))
 
     async def send_all(
         self,
@@ -168,7 +213,6 @@ class Sender:
         the other, each keeping its planned distance from the previous one.
         """
         results: list[list[RequestResult]] = [[] for _ in items]
-        loop = asyncio.get_running_loop()
 
         async def send_one(index: int) -> None:
             destination, body, key = items[index]
@@ -183,35 +227,38 @@ class Sender:
 
             return [worker() for _ in range(min(self.settings.delivery.delivery_concurrency, len(indexes)))]
 
-        async def paced(indexes: list[int]) -> None:
-            # One destination's slots in order. A send that went late (a busy event loop) pushes the next one back
-            # by the planned gap, so late sends never bunch up above the endpoint's rate.
-            assert not_before is not None
-            started, previous = [], None
-            for index in indexes:
-                at = not_before[index]
-                if previous is not None:
-                    at = max(at, previous[1] + at - previous[0])
-                if at > loop.time():
-                    await asyncio.sleep(at - loop.time())
-                previous = (not_before[index], loop.time())
-                started.append(asyncio.ensure_future(send_one(index)))
-            await asyncio.gather(*started)
-
         everything = list(range(len(items)))
         if not_before is None:
             workers = pool(everything)
         else:
-            now = loop.time()
+            now = asyncio.get_running_loop().time()
             chains: dict[str, list[int]] = {}
             for index in everything:
                 if not_before[index] > now:
                     chains.setdefault(items[index][0].name, []).append(index)
             workers = [*pool([i for i in everything if not_before[i] <= now]),
-                       *(paced(sorted(chain, key=not_before.__getitem__)) for chain in chains.values())]
+                       *(run_paced([(not_before[i], partial(send_one, i)) for i in chain])
+                         for chain in chains.values())]
         if workers:
             await asyncio.gather(*workers)
         return results
+
+
+async def run_paced(jobs: Sequence[tuple[float, Callable[[], Awaitable[Any]]]]) -> None:
+    """Start each ``(event loop time, job)`` at its time, in time order, and wait for all of them.
+
+    The jobs of one rate-limited destination go this way: a start that went late (a busy event loop) pushes the
+    next one back by the planned gap, so late requests never bunch up above the endpoint's rate.
+    """
+    loop = asyncio.get_running_loop()
+    started, previous = [], None
+    for planned, job in sorted(jobs, key=lambda pair: pair[0]):
+        at = planned if previous is None else max(planned, previous[1] + planned - previous[0])
+        if at > loop.time():
+            await asyncio.sleep(at - loop.time())
+        previous = (planned, loop.time())
+        started.append(asyncio.ensure_future(job()))
+    await asyncio.gather(*started)
 
 
 def _ms(started: float) -> float:

@@ -114,6 +114,7 @@ class Claimed:
     first_attempt_at: datetime | None
     next_attempt_at: datetime
     reason: str | None = None
+    created_at: datetime | None = None
 
 
 _CLAIMED_COLUMNS = (
@@ -124,11 +125,12 @@ _CLAIMED_COLUMNS = (
     OUTBOX.c.first_attempt_at,
     OUTBOX.c.next_attempt_at,
     OUTBOX.c.reason,
+    OUTBOX.c.created_at,
 )
 
 
 def _claimed(row: Any) -> Claimed:
-    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6])
+    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6], row[7])
 
 
 def claim_due_deliveries(
@@ -247,14 +249,18 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
         return connection.execute(statement).rowcount
 
 
-def release_leases(engine: Engine, ids: Sequence[int], owner: str) -> int:
-    """Give up ``owner``'s lease on pending rows among ``ids`` so any run may claim them when due."""
+def release_leases(engine: Engine, ids: Sequence[int], owner: str, *, due_at: datetime | None = None) -> int:
+    """Give up ``owner``'s lease on pending rows among ``ids`` so any run may claim them when due (at ``due_at``
+    when given: a batch waiting to fill; attempts and deadline unchanged)."""
     if not ids:
         return 0
+    values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+    if due_at is not None:
+        values["next_attempt_at"] = due_at
     statement = (
         update(OUTBOX)
         .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
-        .values(lease_owner=None, lease_expires_at=None)
+        .values(**values)
     )
     with engine.begin() as connection:
         return connection.execute(statement).rowcount

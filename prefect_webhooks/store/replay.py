@@ -122,25 +122,25 @@ def replay_selection(
 def replay_failed(
     destination: str | Sequence[str],
     *,
+    since: datetime | None = None,
+    until: datetime | None = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     reason_prefix: str | None = None,
     filtered: bool = False,
-    since: datetime | None = None,
-    until: datetime | None = None,
     engine: Engine | None = None,
 ) -> int:
     """Put ``failed`` (or ``filtered``) messages of destinations back to pending, due now, with a fresh deadline.
 
     Args:
         destination: A destination block name, or several.
+        since: Only rows that were being attempted at or after this time (see the module).
+        until: Only rows that were being attempted before this time.
         created_after: Only rows created at or after this time.
         created_before: Only rows created before this time.
         reason_prefix: Only rows whose reason starts with this (e.g. ``"expired"`` or ``"permanent: HTTP 410"``).
         filtered: Put back rows a destination filter dropped instead of failed ones (after a rule was changed:
             the destination's current rules apply to them again).
-        since: Only rows that were being attempted at or after this time (see the module).
-        until: Only rows that were being attempted before this time.
         engine: The store; the configured one by default.
 
     Returns:

@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,11 +29,11 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner, message_key_prefix
 from prefect_webhooks.store.engines import dispose_engines, get_engine, store_key
 from prefect_webhooks.store.outbox import OUTBOX, enqueue, replay_failed
+from tests.docs_pages import page, section
 from tests.receivers import ReceivedRequest, Receiver
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-ROOT = Path(__file__).resolve().parents[2]
 WHEN = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
 SECRET = WebhookDestination.generate_secret()
 # What aiohttp adds to every request besides the headers the engine and the block set.
@@ -246,10 +245,8 @@ async def test_webhook_timestamp_is_each_attempts_time(fast: str, monkeypatch: p
 
 
 def readme_example(heading: str) -> str:
-    """The first ```python block under a README heading, as written."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"\n### {heading}\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    """The first ```python block under a heading of the receivers guide, as written."""
+    return section(page("guides/receivers.md"), heading).split("```python\n", 1)[1].split("```", 1)[0]
 
 
 async def test_the_readme_receiver_processes_each_message_once_despite_a_duplicate(
@@ -273,7 +270,7 @@ async def test_the_readme_receiver_processes_each_message_once_despite_a_duplica
         assert connection.execute(select(OUTBOX.c.state)).scalars().all() == [DELIVERED, DELIVERED]
     assert len(receiver.requests) == 3
     namespace: dict[str, Any] = {}
-    exec(compile(readme_example("Dropping duplicates: the message id"), "README.md", "exec"), namespace)
+    exec(compile(readme_example("Dropping duplicates: the message id"), "receivers.md", "exec"), namespace)
     namespace["receiver_db"].execute("DELETE FROM orders")  # the example's own sample order
     assert [namespace["handle_once"](request.body, request.headers) for request in receiver.requests] == [200] * 3
     rows = namespace["receiver_db"].execute("SELECT user_id, total FROM orders ORDER BY user_id").fetchall()

@@ -3,6 +3,7 @@ recovery, the 4-hour bound while waiting for budget, and two ``serve`` processes
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -70,6 +71,19 @@ async def test_a_limited_endpoint_gets_its_rate_and_another_is_not_slowed(fast_s
     # The free destination's thousand messages do not wait for the limited one's pace.
     free_took = max(request.at for request in free.requests) - started
     assert free_took < 2.5, free_took
+
+
+async def test_a_batch_is_one_request_against_the_limit(fast_settings: str) -> None:
+    with Receiver() as receiver:
+        enqueue("batched", calls("b", 100))
+        await run({"batched": {"endpoints": [{"url": receiver.url, "rate_limit": 10}], "batch_size": 5}}, 4.0)
+    arrivals = [request.at for request in receiver.requests]
+    # 20 requests of 5 messages at 10/s: about two seconds (a slot per message would take ten, none would send all
+    # 20 requests in the first second).
+    assert states() == {DELIVERED: 100}
+    assert sorted(len(json.loads(request.body)) for request in receiver.requests) == [5] * 20
+    assert most_in_a_second(arrivals) <= 11, sorted(arrivals)
+    assert max(arrivals) - min(arrivals) >= 19 / 10 - 0.1
 
 
 async def test_retry_after_pauses_the_endpoint_for_every_message(fast_settings: str) -> None:

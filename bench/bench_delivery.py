@@ -1,6 +1,7 @@
 """Delivery throughput: N signed messages through the outbox to a local receiver, against a raw aiohttp loop.
 
-    .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow] [--variants] [--batched]
+    .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow] [--variants]
+        [--batched] [--ordered]
 
 The receiver is nginx answering 200 (``../shared/bench/nginx-sink`` from the repository root), or a fast aiohttp
 server in another process when nginx cannot be started. In the same run it measures:
@@ -16,6 +17,8 @@ server in another process when nginx cannot be started. In the same run it measu
 5. with ``--batched``: ``deliver_due`` for a destination with ``batch_size=100`` (one signed JSON array of 100
    messages per request, each message's outcome and attempt still recorded), against 2. (one message per request)
    to the same receiver.
+6. with ``--ordered``: the same messages spread over ``--users`` users (10,000) to an unordered destination and to
+   an ``ordered`` one (each user's messages one at a time, in order), alternating, twice each.
 """
 
 from __future__ import annotations
@@ -90,9 +93,10 @@ class Sink:
             self._process.wait(10)
 
 
-def make_payloads(count: int) -> list[dict]:
+def make_payloads(count: int, users: int | None = None) -> list[dict]:
     return [
-        {"version": 1, "type": "track", "userId": f"user-{n}", "timestamp": "2026-01-01T00:00:00.000Z",
+        {"version": 1, "type": "track", "userId": f"user-{n % (users or count)}",
+         "timestamp": "2026-01-01T00:00:00.000Z",
          "event": "Order Completed", "properties": {"order": n, "revenue": 19.99, "currency": "EUR"}}
         for n in range(count)
     ]
@@ -206,6 +210,9 @@ def main() -> None:
     parser.add_argument("--batch-of", type=int, default=100)
     parser.add_argument("--variants", action="store_true",
                         help="also deliver_due with Standard Webhooks signing, and with filter rules")
+    parser.add_argument("--ordered", action="store_true",
+                        help="also deliver_due to an ordered destination against an unordered one, same messages")
+    parser.add_argument("--users", type=int, default=10_000, help="distinct users of the --ordered messages")
     args = parser.parse_args()
     os.environ["PREFECT_WEBHOOKS_DELIVERY_CONCURRENCY"] = str(args.concurrency)
 
@@ -238,6 +245,8 @@ def main() -> None:
                 rate, cpu = asyncio.run(ours(fresh_store(Path(folder), f"variant{number}.db"), sink.url, payloads,
                                              args.batch_size, args.parallel_batches, **options))
                 report(f"deliver_due {label}", rate, cpu, ceiling)
+        if args.ordered:
+            compare_ordered(Path(folder), sink.url, make_payloads(args.messages, args.users), args, ceiling)
         if args.flow:
             from prefect.testing.utilities import prefect_test_harness
 
@@ -249,6 +258,20 @@ def main() -> None:
                                                      args.batch_size, args.parallel_batches))
             report("deliver flow, first run (cold, 2,000 msgs)", cold_rate, cold_cpu, ceiling)
             report("prefect-webhooks deliver flow (Prefect)", rate, cpu, ceiling)
+
+
+def compare_ordered(folder: Path, sink_url: str, payloads: list[dict], args: argparse.Namespace,
+                    ceiling: float) -> None:
+    """Ordered against unordered delivery of the same messages (``args.users`` users), alternating, twice each."""
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for attempt in range(2):
+        for ordered in (False, True):
+            rate, cpu = asyncio.run(ours(fresh_store(folder, f"ordered-{ordered}-{attempt}.db"), sink_url, payloads,
+                                         args.batch_size, args.parallel_batches, ordered=ordered))
+            rates[ordered].append(rate)
+            report(f"deliver_due, {args.users:,} users, {'ordered' if ordered else 'unordered'}", rate, cpu, ceiling)
+    unordered, ordered = max(rates[False]), max(rates[True])
+    print(f"ordered / unordered (best of two each): {ordered / unordered:.1%}")
 
 
 def report(what: str, rate: float, cpu_us: float, ceiling: float) -> None:

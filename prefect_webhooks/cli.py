@@ -11,13 +11,16 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from prefect_webhooks.commands.endpoints import endpoint_app
 from prefect_webhooks.serving.service import DEFAULT_GRACE_SECONDS
+from prefect_webhooks.utilities.prefect_api import exit_without_prefect_api
 
 # Only light modules at the top: `prefect-webhooks serve` starts its delivery workers before anything heavy is read.
 DEMO_TIMEOUT_SECONDS = 170.0
@@ -30,6 +33,7 @@ app = typer.Typer(
     # A failing command prints its own message: typer's tracebacks show local variables, which may hold secrets.
     pretty_exceptions_enable=False,
 )
+app.add_typer(endpoint_app, name="endpoint")
 
 HostOption = Annotated[
     str | None,
@@ -192,7 +196,7 @@ def deploy(
     The same deployments serve runs, from the installed package: no clone or prefect.yaml needed. Then start a worker
     on each host that delivers: prefect worker start --pool POOL.
     """
-    _exit_without_prefect_api("deploy")
+    exit_without_prefect_api("deploy")
     from prefect_webhooks.deployments.work_pool import deploy_to_work_pool
 
     try:
@@ -228,7 +232,7 @@ def prune(
             print(table_text(tuple(report.table()[0]), [tuple(row.values()) for row in report.table()]))
         print(report.summary())
         return
-    _exit_without_prefect_api("prune", also="or prune the store alone with --store-only")
+    exit_without_prefect_api("prune", also="or prune the store alone with --store-only")
     from prefect import tags
 
     from prefect_webhooks.flows.old_runs import OUR_TAG
@@ -254,7 +258,7 @@ def preview(
     from prefect_webhooks.blocks.saved import is_missing_block
     from prefect_webhooks.blocks.validated import InvalidBlockError
     from prefect_webhooks.delivery.preview import check_messages, preview_requests
-    _exit_without_prefect_api("preview")
+    exit_without_prefect_api("preview")
     try:
         text = sys.stdin.read() if str(message) == "-" else message.read_text(encoding="utf-8")
         messages = check_messages(json.loads(text))
@@ -321,7 +325,7 @@ def rotate_secret(
     from prefect_webhooks.blocks.destination import RotationInProgress
     from prefect_webhooks.blocks.rotation import describe_rotation, rotate_destination_secret
     from prefect_webhooks.utilities.durations import parse_duration
-    _exit_without_prefect_api("rotate-secret")
+    exit_without_prefect_api("rotate-secret")
     if sum((generate, from_env is not None, from_stdin)) != 1:
         raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")
     try:
@@ -348,6 +352,51 @@ def rotate_secret(
     print(describe_rotation(outcome))
 
 
+def _moment(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time (naive means UTC), or a duration ago such as ``2h`` or ``7d``."""
+    from prefect_webhooks.blocks.rotation import parse_window
+
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            return datetime.now(timezone.utc) - parse_window(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is neither an ISO 8601 time nor a duration (2h, 7d)",
+                                     param_hint=option) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+@app.command()
+def replay(
+    destination: Annotated[str | None, typer.Argument(help="Name of the WebhookDestination block.")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Every destination with an endpoint at this URL (instead of a destination).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Only messages being attempted at or after this time: ISO 8601, or 2h, 7d ago.")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Only messages being attempted before this time.")] = None,
+    reason_prefix: Annotated[
+        str | None, typer.Option(help="Only messages whose reason starts with this: expired, permanent or disabled.")
+    ] = None,
+    filtered: Annotated[
+        bool, typer.Option("--filtered", help="Put back messages a filter rule dropped instead of failed ones.")
+    ] = False,
+) -> None:
+    """Put failed messages back into the outbox with a fresh deadline (the replay flow, with progress in the UI)."""
+    from prefect_webhooks.flows.replay import replay as replay_flow
+
+    if destination is None and endpoint is None:
+        raise typer.BadParameter("give a destination or --endpoint URL")
+    exit_without_prefect_api("replay")
+    count = replay_flow(destination=destination, endpoint=endpoint, since=_moment(since, "--since"),
+                        until=_moment(until, "--until"), reason_prefix=reason_prefix, filtered=filtered)
+    print(f"replay: {count} message(s) are pending again")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-webhooks`` console command; returns the exit status."""
     try:
@@ -362,15 +411,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _exit_without_prefect_api(command: str, also: str = "") -> None:
-    """Exit 1 with one line saying what to set when no Prefect API URL is set (Prefect would start a temporary
-    server that loses its records)."""
-    from prefect_webhooks.utilities.prefect_api import require_prefect_api
-
-    try:
-        require_prefect_api()
-    except LookupError as exc:
-        print(f"{command}: {exc}" + (f"; {also}" if also else ""), file=sys.stderr)
-        raise typer.Exit(1) from None

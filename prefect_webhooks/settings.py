@@ -115,6 +115,23 @@ class DeliverySettings(_SettingsGroup):
         default="",
         description="Extra CA bundle (PEM) trusted for https endpoints, besides the system's; empty means none.",
     )
+    endpoint_failing_threshold: int = Field(
+        default=5,
+        gt=0,
+        description="Failed requests in a row after which an endpoint counts as failing (event "
+        "`prefect-webhooks.endpoint.failing`).",
+    )
+    ramp_up_start_rate: float = Field(
+        default=5.0,
+        gt=0,
+        description="Requests per second an endpoint gets when its circuit closes or a Retry-After pause ends; the "
+        "rate then doubles six times over `ramp_up_seconds`.",
+    )
+    ramp_up_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long an endpoint ramps back up after a recovery (0: its backlog at once).",
+    )
     block_cache_seconds: float = Field(
         default=10.0, ge=0, description="How long a loaded block is reused before it is read again."
     )

@@ -22,7 +22,7 @@ from prefect_webhooks.store.engines import get_engine
 from tests.docs_pages import page, section
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "prune", "deploy", "demo", "preview")
+COMMANDS = ("ingest", "serve", "status", "prune", "deploy", "demo", "preview", "replay")
 
 
 def _script() -> str:
@@ -165,6 +165,14 @@ def test_prune_without_a_prefect_server_refuses_and_names_the_store_only_pass(tm
     assert "--store-only" in done.stderr and "temporary server" not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("command", [("replay", "crm"), ("endpoint", "list", "crm")])
+def test_replay_and_endpoint_commands_without_a_prefect_server_refuse(tmp_path: Path, command: tuple[str, ...]) -> None:
+    done = subprocess.run([_script(), *command], env=_newcomer_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"{' '.join(command[:-1])}: no Prefect server: set PREFECT_API_URL" in done.stderr
+
+
 def test_status_never_creates_a_store_and_names_the_one_it_reads(tmp_path: Path) -> None:
     env = _newcomer_env(tmp_path)
     missing = subprocess.run([_script(), "status"], env=env, capture_output=True, text=True, timeout=60)
@@ -206,3 +214,37 @@ def test_prune_store_only_prints_what_it_removed(store_url: str, capsys: pytest.
     assert "pending messages" in out and "pruned 0 delivered" in out
     with get_engine().connect() as connection:
         assert connection.exec_driver_sql("SELECT count(*) FROM outbox").scalar_one() == 1
+
+
+def test_endpoint_commands_show_and_switch_a_destinations_endpoints(prefect_harness: None, store_url: str) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_webhooks.blocks.destination import WebhookDestination
+
+    WebhookDestination(endpoints=[{"url": "https://a.example.com/in?token=secret", "rate_limit": 10},
+                                  {"url": "https://b.example.com/in"}]).save("cli-endpoints", overwrite=True)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([_script(), "endpoint", *args], capture_output=True, text=True, timeout=120, env=env)
+
+    assert run("disable", "cli-endpoints", "--position", "2").stdout.strip() == (
+        "disabled endpoint(s) [2] of cli-endpoints")
+    listed = run("list", "cli-endpoints").stdout
+    # The URL's query (it may hold a token) is not shown.
+    assert "secret" not in listed and "https://a.example.com/in" in listed
+    assert re.search(r"1\s+https://a.example.com/in\s+10/s \(burst 1\)\s+enabled", listed), listed
+    assert re.search(r"2\s+https://b.example.com/in\s+none\s+disabled", listed), listed
+    wrong = run("enable", "cli-endpoints", "--position", "3")
+    assert wrong.returncode == 1 and "has no endpoint 3 (it has 2)" in wrong.stderr
+    assert run("enable", "cli-endpoints").stdout.strip() == "enabled endpoint(s) [2] of cli-endpoints"
+
+
+def test_replay_needs_a_destination_or_an_endpoint() -> None:
+    def error(*args: str) -> str:
+        done = subprocess.run([_script(), "replay", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        return " ".join(done.stderr.replace("│", " ").split())
+
+    assert "give a destination or --endpoint URL" in error("--since", "2h")
+    assert "'yesterday' is neither an ISO 8601 time nor a duration (2h, 7d)" in error("d", "--since", "yesterday")

@@ -26,6 +26,7 @@ STAGE_ORDER = (
     ("flows", "deployments"),
     ("serving",),
     ("demo",),
+    ("commands",),
     ("cli",),
 )
 # The only modules directly under prefect_webhooks/: the package's entry points. ``__init__`` (the public names),

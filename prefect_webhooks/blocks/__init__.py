@@ -9,6 +9,7 @@ blocks from async code on every supported Prefect release. Prefect registers the
 """
 
 from prefect_webhooks.blocks.destination import RotationInProgress, WebhookDestination
+from prefect_webhooks.blocks.disabled import DisabledEndpoint
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.endpoint_auth import BearerToken, ClientCertificate, OAuth2ClientCredentials
 from prefect_webhooks.blocks.filter_rules import Condition, FilterRule
@@ -19,6 +20,7 @@ __all__ = [
     "BearerToken",
     "ClientCertificate",
     "Condition",
+    "DisabledEndpoint",
     "FilterRule",
     "InvalidBlockError",
     "OAuth2ClientCredentials",

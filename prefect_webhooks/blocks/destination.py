@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from prefect_webhooks.blocks.disabled import DisabledEndpoint, check_disabled_entries
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.filter_rules import FilterRule, check_rules
 from prefect_webhooks.blocks.saved import revealed, save_block
@@ -70,6 +71,9 @@ class WebhookDestination(ValidatedBlock):
         batch_size: Send up to this many messages per request, as a JSON array; one message per request when unset.
         batch_bytes: Largest body of a batch in bytes (1,000,000 when unset).
         batch_wait: Seconds a message may wait for its batch to fill (0 when unset: send what is due).
+        ordered: Deliver each user's messages one at a time, in the order they were accepted.
+        disable_after: Disable an endpoint that has failed without a break for this long; never when unset.
+        disabled_endpoints: The endpoints that get no requests (remove an entry to enable it again).
 
     Example:
         Load a saved destination:
@@ -136,7 +140,21 @@ class WebhookDestination(ValidatedBlock):
         default_factory=list,
         description="Destination filter rules, checked in order: drop matching messages, or allow only matching ones.",
     )
-
+    ordered: bool = Field(
+        default=False,
+        description="Deliver the messages of each user (userId, else anonymousId) to each endpoint in the order they "
+        "were accepted: a message waits until the user's previous one is delivered or has failed for good.",
+    )
+    disable_after: timedelta | None = Field(
+        default=None,
+        description="Disable an endpoint once it has failed without a single success for this long (e.g. 5 days); "
+        "never disabled when unset.",
+    )
+    disabled_endpoints: list[DisabledEndpoint] = Field(
+        default_factory=list,
+        description="Endpoints that get no requests (delivery adds one after disable_after); remove an entry to "
+        "enable that endpoint again.",
+    )
     batch_size: int | None = Field(
         default=None,
         ge=1,
@@ -197,6 +215,9 @@ class WebhookDestination(ValidatedBlock):
         elif self.previous_secret_expires_at is not None:
             raise ValueError("previous_secret_expires_at: set only together with previous_secret")
         check_rules(self.filters)
+        check_disabled_entries(self.disabled_endpoints, len(self.endpoints))
+        if self.disable_after is not None and self.disable_after <= timedelta(0):
+            raise ValueError("disable_after: must be a positive duration")
         for name in ("batch_bytes", "batch_wait"):
             if getattr(self, name) is not None and self.batch_size is None:
                 raise ValueError(f"{name}: applies to batches; set batch_size too")

@@ -31,7 +31,7 @@ RESERVED_HEADERS = frozenset({
 
 
 class WebhookEndpoint(BaseModel):
-    """One webhook URL and the static headers sent with every request to it."""
+    """One webhook URL, the static headers sent with every request to it and an optional rate limit."""
 
     # Header values are secrets: a validation error must not echo the input.
     model_config = part_config(hide_input_in_errors=True)
@@ -57,6 +57,18 @@ class WebhookEndpoint(BaseModel):
     )
     client_certificate: ClientCertificate | None = Field(
         default=None, description="A client certificate and key presented to the server (mutual TLS)."
+    )
+    rate_limit: float | None = Field(
+        default=None,
+        gt=0,
+        description="Most requests per second this URL gets, summed over every delivery process of the store; no "
+        "limit when unset.",
+        examples=[10],
+    )
+    rate_limit_burst: int = Field(
+        default=1,
+        ge=1,
+        description="Requests that may go at once after a quiet spell before rate_limit paces them.",
     )
 
     @field_validator("url")

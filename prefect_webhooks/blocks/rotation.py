@@ -13,16 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from prefect import get_client
 from prefect._internal.compatibility.async_dispatch import async_dispatch
-from prefect.exceptions import ObjectNotFound
 from pydantic import SecretStr, TypeAdapter
 
 from prefect_webhooks.blocks.destination import DEFAULT_ROTATION_WINDOW, WebhookDestination
-from prefect_webhooks.blocks.saved import is_missing_block, load_block, save_block
+from prefect_webhooks.blocks.saved import is_missing_block, load_block, save_block, saved_documents
 
 DESTINATION_BLOCK_SLUG = "webhook-destination"
-_PAGE = 200
 _DATETIME = TypeAdapter(datetime)
 
 
@@ -36,25 +33,9 @@ def _ended(expires_at: object, now: datetime) -> bool:
 
 
 async def _names_with_ended_rotations(now: datetime) -> list[str]:
-    """Destination blocks whose stored rotation window has ended, read without secrets, page by page."""
-    names: list[str] = []
-    async with get_client() as client:
-        offset = 0
-        while True:
-            try:
-                documents = await client.read_block_documents_by_type(
-                    block_type_slug=DESTINATION_BLOCK_SLUG, offset=offset, limit=_PAGE, include_secrets=False
-                )
-            except ObjectNotFound:
-                # No destination was ever saved on this server: the block type is not registered.
-                return names
-            for document in documents:
-                named = document.name and not document.is_anonymous
-                if named and _ended(document.data.get("previous_secret_expires_at"), now):
-                    names.append(document.name)
-            if len(documents) < _PAGE:
-                return names
-            offset += _PAGE
+    """Destination blocks whose stored rotation window has ended, read without secrets."""
+    return [document.name for document in await saved_documents(DESTINATION_BLOCK_SLUG)
+            if _ended(document.data.get("previous_secret_expires_at"), now)]
 
 
 async def afinish_rotations(now: datetime | None = None) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 from uuid import UUID
 
+from prefect import get_client
 from prefect.blocks.core import Block
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel
@@ -39,6 +40,28 @@ def is_missing_block(exc: BaseException) -> bool:
             return True
         cause = cause.__cause__
     return False
+
+
+PAGE = 200
+
+
+async def saved_documents(block_type_slug: str, *, include_secrets: bool = False) -> list[Any]:
+    """Every named block document of one type, read page by page (none when the type was never registered)."""
+    found: list[Any] = []
+    async with get_client() as client:
+        offset = 0
+        while True:
+            try:
+                documents = await client.read_block_documents_by_type(
+                    block_type_slug=block_type_slug, offset=offset, limit=PAGE, include_secrets=include_secrets
+                )
+            except ObjectNotFound:
+                # No block of this type was ever saved on this server: the type is not registered.
+                return found
+            found += [document for document in documents if document.name and not document.is_anonymous]
+            if len(documents) < PAGE:
+                return found
+            offset += PAGE
 
 
 def revealed(value: Any) -> Any:

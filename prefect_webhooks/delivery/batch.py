@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect_webhooks.delivery.batching import hold_for_batch_wait, retry_together, send_batched, take_batched
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
+from prefect_webhooks.delivery.controls import after_sending, before_sending
 from prefect_webhooks.delivery.decision import BatchWrites, decide
 from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
 from prefect_webhooks.delivery.events import emit_delivery_failed
@@ -36,8 +37,6 @@ class BatchResult(MessageCounts):
 
     held: list[int] = field(default_factory=list)
     """Rows kept leased for an in-process retry."""
-
-
 
 
 async def _resolve_all(
@@ -147,13 +146,17 @@ async def process_batch(
     ready, batched = take_batched(ready)
     if batched:
         batched = await hold_for_batch_wait(context, batched, prefix, now)
+    # Rate limits, disabled endpoints and per-user order apply alike to messages sent alone and in batches.
+    ready, slots = await before_sending([*ready, *batched], context, writes.records)
+    ready, batched = take_batched(ready)
     # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
     # minutes): its leases are renewed while it sends, so no other run claims and sends them again meanwhile.
     keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in (*ready, *batched)]))
     try:
         results_by_row, batched_results = await asyncio.gather(
-            context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready]),
-            send_batched(context, batched, prefix, writes))
+            context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
+                                    slots.times_of(ready)),
+            send_batched(context, batched, prefix, writes, slots))
     finally:
         keeper.cancel()
     finished = store_now()
@@ -170,6 +173,7 @@ async def process_batch(
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
                                                       finished + timedelta(seconds=settings.delivery.retry_base_delay)))
     await store_call(settings, record_outcomes, engine, writes.records)
+    await after_sending([*ready, *batched], [*results_by_row, *batched_results], context)
     _log_timeouts(results_by_row, log)
     for row, reason, attempts in writes.failures:
         emit_delivery_failed(row.id, row.destination, reason, attempts)

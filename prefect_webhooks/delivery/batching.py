@@ -6,6 +6,8 @@ batch and endpoint (bodies and ids: ``batch_bodies``).
 - Each message then goes through the same decision as a message sent alone (``decision.decide``), so its attempt
   count, attempt log and 4-hour deadline stay its own; the 413 requests are logged per message too (outcome
   ``split``). Messages of a destination rescheduled by one try come due together, so the batch retries whole.
+- A rate-limited endpoint's budget counts requests: each batch takes one slot (``rate_limits`` cuts the batches
+  when it takes them), and the halves of a 413 take two more.
 - ``batch_wait``: a destination's due messages that do not fill a batch wait until the oldest was accepted
   ``batch_wait`` seconds ago (released to the outbox until then; no attempt is counted). Messages being retried
   do not wait.
@@ -15,15 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
 from prefect_webhooks.delivery.batch_bodies import Item, batch_request, endpoint_batches, item_size
 from prefect_webhooks.delivery.context import DeliveryContext, store_call
 from prefect_webhooks.delivery.decision import BatchWrites
 from prefect_webhooks.delivery.destinations import ResolvedDestination
+from prefect_webhooks.delivery.rate_limits import Slots, slots_for
 from prefect_webhooks.delivery.request_shape import Endpoint
-from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.delivery.sender import RequestResult, display_url, run_paced
 from prefect_webhooks.messages.outcomes import Attempt, Rescheduled
 from prefect_webhooks.store.outbox import Claimed, release_leases
 
@@ -75,22 +78,62 @@ async def hold_for_batch_wait(
 
 
 async def send_batched(
-    context: DeliveryContext, pairs: list[Pair], key_prefix: str, writes: BatchWrites
+    context: DeliveryContext, pairs: list[Pair], key_prefix: str, writes: BatchWrites, slots: Slots | None = None
 ) -> list[list[RequestResult]]:
-    """Send the messages of batching destinations; each message's results (one per endpoint), in ``pairs`` order."""
+    """Send the messages of batching destinations; each message's results (one per endpoint), in ``pairs`` order.
+
+    The messages that took rate budget (``slots``) go as the requests they took it for, each at its slot.
+    """
     jobs = []
     for group in _by_destination(pairs).values():
         destination = group[0][1]
-        assert destination.batching is not None
-        messages = [(row.id, row.body) for row, _ in group]
-        for endpoint in destination.endpoints:
-            for batch in endpoint_batches(endpoint, destination.batching, key_prefix, messages):
-                jobs.append(_send(context, destination, endpoint, batch, key_prefix, writes))
+        if slots is not None and group[0][0].id in slots.at:
+            requests: dict[int, list[Claimed]] = {}
+            for row, _ in group:
+                requests.setdefault(slots.request_of[row.id], []).append(row)
+            jobs.append(_paced([
+                (slots.at[request[0].id], _batches_job(context, destination, request, key_prefix, writes))
+                for request in requests.values()]))
+        else:
+            jobs.append(_batches_job(context, destination, [row for row, _ in group], key_prefix, writes)())
     results: dict[int, list[RequestResult]] = {row.id: [] for row, _ in pairs}
     for sent in await asyncio.gather(*jobs):
         for outbox_id, result in sent:
             results[outbox_id].append(result)
     return [results[row.id] for row, _ in pairs]
+
+
+Sent = list[tuple[int, RequestResult]]
+
+
+def _batches_job(
+    context: DeliveryContext, destination: ResolvedDestination, rows: list[Claimed], key_prefix: str,
+    writes: BatchWrites,
+) -> Callable[[], Awaitable[Sent]]:
+    """A job sending ``rows`` to every endpoint of ``destination``, in as many batches as their size needs."""
+    assert destination.batching is not None
+    messages = [(row.id, row.body) for row in rows]
+
+    async def job() -> Sent:
+        sends = [_send(context, destination, endpoint, batch, key_prefix, writes)
+                 for endpoint in destination.endpoints
+                 for batch in endpoint_batches(endpoint, destination.batching, key_prefix, messages)]
+        return [pair for sent in await asyncio.gather(*sends) for pair in sent]
+
+    return job
+
+
+async def _paced(jobs: list[tuple[float, Callable[[], Awaitable[Sent]]]]) -> Sent:
+    """Run each request's job at its slot; everything the jobs sent."""
+    sent: Sent = []
+
+    def collecting(job: Callable[[], Awaitable[Sent]]) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            sent.extend(await job())
+        return run
+
+    await run_paced([(at, collecting(job)) for at, job in jobs])
+    return sent
 
 
 async def _send(
@@ -100,7 +143,7 @@ async def _send(
     items: list[Item],
     key_prefix: str,
     writes: BatchWrites,
-) -> list[tuple[int, RequestResult]]:
+) -> Sent:
     result = await context.sender.request(batch_request(endpoint, destination.signer, key_prefix, items))
     context.stats.add_requests(destination.name, [result])
     if result.status == 413 and len(items) > 1:
@@ -108,12 +151,22 @@ async def _send(
         writes.records.attempts.extend(Attempt(outbox_id, result.attempted_at, result.url, result.status, reason,
                                                result.latency_ms, SPLIT) for outbox_id, _, _ in items)
         half = len(items) // 2
+        # The halves are two more requests: a rate-limited endpoint's budget paces them too.
+        first_at, second_at = await slots_for(context, destination, endpoint, 2)
+        await _sleep_until(first_at)
         first = await _send(context, destination, endpoint, items[:half], key_prefix, writes)
+        await _sleep_until(second_at)
         return first + await _send(context, destination, endpoint, items[half:], key_prefix, writes)
     if result.error and result.error.startswith("timeout"):
         logger.error("a batch of %d message(s) to %s timed out; it will be retried", len(items),
                      display_url(result.url))
     return [(outbox_id, result) for outbox_id, _, _ in items]
+
+
+async def _sleep_until(at: float) -> None:
+    delay = at - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 def retry_together(rescheduled: list[Rescheduled], pairs: Sequence[Pair]) -> None:

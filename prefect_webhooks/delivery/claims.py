@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_store_unavailable, store_call
 from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.rate_limits import start_ramp
 from prefect_webhooks.delivery.sender import Sender, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.delivery.task import TaskWindows
@@ -138,7 +139,8 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
                and time.monotonic() >= next_claim_at):
             try:
                 rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
-                                        options.destination, lease_seconds=context.settings.delivery.lease_seconds)
+                                        options.destination, lease_seconds=context.settings.delivery.lease_seconds,
+                                        in_order=context.shared.may_be_ordered())
             except Exception as exc:
                 if stop_at is None or not is_store_unavailable(exc):
                     raise
@@ -188,6 +190,9 @@ async def _follow_circuits(context: DeliveryContext) -> None:
     for url, limit in [*((url, 1) for url in guard.take_due_probes()), *((url, None) for url in
                                                                           guard.take_recovered())]:
         names = context.destinations.names_for_url(url)
+        if limit is None:
+            # The backlog comes due at once; the ramp paces it into the endpoint.
+            await start_ramp(context, url, names)
         try:
             moved = await store_call(context.settings, bring_forward, context.engine, names, limit=limit)
         except Exception as exc:

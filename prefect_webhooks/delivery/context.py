@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.delivery.sender import Sender
+from prefect_webhooks.delivery.shared_state import SharedState
 from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.outbox import Claimed
@@ -64,6 +65,8 @@ class DeliveryContext:
         self.stats = DeliveryStats()
         self.key_prefix: str | None = None
         """``msg_<store key>_``: message ids are this plus the outbox id (read from the store once)."""
+        self.shared = SharedState(engine)
+        """Endpoint states and ordered destinations as this process last read them from the store."""
 
     def __repr__(self) -> str:
         return f"DeliveryContext(owner={self.owner!r})"

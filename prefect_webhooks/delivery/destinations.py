@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.disabled import disabled_positions
 from prefect_webhooks.blocks.saved import is_missing_block, load_block
 from prefect_webhooks.blocks.validated import InvalidBlockError
 from prefect_webhooks.delivery.batch_bodies import Batching, batching_of
@@ -45,15 +47,23 @@ class ResolvedDestination:
     signer: MessageSigner
     filters: Filters | None = None
     batching: Batching | None = None
+    disabled: tuple[Endpoint, ...] = ()
+    """Endpoints the block lists as disabled: they get no requests (not in ``endpoints``)."""
+    ordered: bool = False
+    disable_after: timedelta | None = None
 
 
 def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
-    """Prepare a loaded block for sending: each endpoint ready to send to (``request_shape``), its signer (secrets
-    in the clear), its compiled filters and its batching options."""
+    """Prepare a loaded block for sending: each endpoint ready to send to (``request_shape``), those the block
+    lists as disabled apart, its signer (secrets in the clear), its compiled filters and its batching options."""
     ca_file = get_settings().delivery.tls_ca_file or None
-    endpoints = tuple(endpoint_of(endpoint, ca_file) for endpoint in block.endpoints)
-    return ResolvedDestination(name=name, endpoints=endpoints, signer=MessageSigner.for_block(block),
-                               filters=compile_filters(block.filters), batching=batching_of(block))
+    off = disabled_positions(block.disabled_endpoints)
+    endpoints, disabled = [], []
+    for position, endpoint in enumerate(block.endpoints, start=1):
+        (disabled if position in off else endpoints).append(endpoint_of(endpoint, ca_file, position))
+    return ResolvedDestination(name=name, endpoints=tuple(endpoints), signer=MessageSigner.for_block(block),
+                               filters=compile_filters(block.filters), batching=batching_of(block),
+                               disabled=tuple(disabled), ordered=block.ordered, disable_after=block.disable_after)
 
 
 class DestinationCache:
@@ -90,6 +100,10 @@ class DestinationCache:
         # An explicitly given block stays until forgotten, whatever the TTL.
         self._entries[name] = (float("inf"), resolved)
         return resolved
+
+    def forget(self, name: str) -> None:
+        """Drop ``name`` from the cache: the next batch loads the block again (after this process saved it)."""
+        self._entries.pop(name, None)
 
     def names_for_url(self, url: str) -> list[str]:
         """The cached destinations that post to ``url``."""

@@ -1,13 +1,36 @@
-"""Prefect events the delivery engine emits, so an automation can alert on messages that failed for good.
+"""Prefect events the delivery engine emits, so automations can alert on messages and endpoints.
 
-Payloads carry ids, the destination name, the reason and the attempt count; never a body, header or secret.
+- ``prefect-webhooks.delivery.failed``: a message will not be attempted again (permanent error or expired).
+- ``prefect-webhooks.delivery.exhausted``: a message expired, its retries ran out after ``max_retry_age``.
+- ``prefect-webhooks.endpoint.failing``: ``endpoint_failing_threshold`` requests in a row to an endpoint failed.
+- ``prefect-webhooks.endpoint.recovered``: an endpoint that was failing answered 2xx again.
+- ``prefect-webhooks.endpoint.disabled``: an endpoint failed for its destination's ``disable_after`` and was disabled.
+
+The resource of the first two is the message, of the others the endpoint. Each endpoint event is emitted by one
+delivery process only (decided under the endpoint's row lock in the store).
+Payloads carry ids, names, the URL without query or credentials, reasons and counts; never a body, header or secret.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
 from prefect.events import emit_event
 
+logger = logging.getLogger("prefect_webhooks.delivery")
+# The first event of a process may wait seconds for Prefect's events client: never on the delivery event loop.
+_emitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefect-webhooks-events")
+
 DELIVERY_FAILED = "prefect-webhooks.delivery.failed"
+DELIVERY_EXHAUSTED = "prefect-webhooks.delivery.exhausted"
+ENDPOINT_FAILING = "prefect-webhooks.endpoint.failing"
+ENDPOINT_RECOVERED = "prefect-webhooks.endpoint.recovered"
+ENDPOINT_DISABLED = "prefect-webhooks.endpoint.disabled"
+ENDPOINT_EVENTS = {"failing": ENDPOINT_FAILING, "recovered": ENDPOINT_RECOVERED, "disabled": ENDPOINT_DISABLED}
 
 
 def outbox_resource_id(outbox_id: int) -> str:
@@ -15,8 +38,19 @@ def outbox_resource_id(outbox_id: int) -> str:
     return f"prefect-webhooks.outbox.{outbox_id}"
 
 
+def endpoint_resource_id(destination: str, key: str) -> str:
+    """The Prefect resource id of one endpoint: its destination and the key of its URL (a URL may hold a token)."""
+    return f"prefect-webhooks.endpoint.{destination}.{key}"
+
+
+def _destination(destination: str) -> list[dict[str, str]]:
+    return [{"prefect.resource.id": f"prefect-webhooks.destination.{destination}",
+             "prefect.resource.role": "destination"}]
+
+
 def emit_delivery_failed(outbox_id: int, destination: str, reason: str, attempts: int) -> None:
-    """Emit ``prefect-webhooks.delivery.failed`` for a message that will not be attempted again.
+    """Emit ``prefect-webhooks.delivery.failed`` for a message that will not be attempted again, and
+    ``prefect-webhooks.delivery.exhausted`` too when it expired (its retries ran out).
 
     Args:
         outbox_id: The outbox row's id.
@@ -24,17 +58,58 @@ def emit_delivery_failed(outbox_id: int, destination: str, reason: str, attempts
         reason: ``permanent: …`` or ``expired: …`` (an HTTP status or a transport error, no secrets).
         attempts: How many attempts the message had.
     """
+    resource = {"prefect.resource.id": outbox_resource_id(outbox_id),
+                "prefect.resource.name": f"outbox message {outbox_id}"}
+    payload = {"outbox_id": outbox_id, "destination": destination, "reason": reason, "attempts": attempts}
+    emit_event(event=DELIVERY_FAILED, resource=resource, related=_destination(destination), payload=payload)
+    if reason.startswith("expired"):
+        emit_event(event=DELIVERY_EXHAUSTED, resource=resource, related=_destination(destination), payload=payload)
+
+
+def in_background(emit: Callable[..., None], *args: Any, **kwargs: Any) -> Future[None]:
+    """Emit from the events thread, in the order asked; a failure is logged, never raised to delivery."""
+    future = _emitter.submit(emit, *args, **kwargs)
+    future.add_done_callback(_log_failure)
+    return future
+
+
+def _log_failure(future: Future[None]) -> None:
+    exc = future.exception()
+    if exc is not None:
+        logger.warning("emitting an event failed: %s", type(exc).__name__)
+
+
+def emit_endpoint_event(
+    kind: str,
+    destination: str,
+    key: str,
+    url: str,
+    *,
+    position: int | None,
+    failures: int,
+    failing_since: datetime | None,
+    last_error: str | None,
+) -> None:
+    """Emit ``prefect-webhooks.endpoint.<kind>`` (``failing``, ``recovered`` or ``disabled``) for one endpoint.
+
+    Args:
+        kind: Which change.
+        destination: The WebhookDestination block name.
+        key: The URL's key in the store.
+        url: The URL without query or credentials.
+        position: The endpoint's place in the block's list (from 1), when known.
+        failures: Requests in a row that got no 2xx.
+        failing_since: When the current run of failures began.
+        last_error: The last failure (an HTTP status or a transport error, no secrets).
+    """
+    payload: dict[str, Any] = {
+        "destination": destination, "url": url, "position": position, "failures": failures,
+        "failing_since": failing_since.isoformat() + "Z" if failing_since else None, "last_error": last_error,
+    }
     emit_event(
-        event=DELIVERY_FAILED,
-        resource={
-            "prefect.resource.id": outbox_resource_id(outbox_id),
-            "prefect.resource.name": f"outbox message {outbox_id}",
-        },
-        related=[
-            {
-                "prefect.resource.id": f"prefect-webhooks.destination.{destination}",
-                "prefect.resource.role": "destination",
-            }
-        ],
-        payload={"outbox_id": outbox_id, "destination": destination, "reason": reason, "attempts": attempts},
+        event=ENDPOINT_EVENTS[kind],
+        resource={"prefect.resource.id": endpoint_resource_id(destination, key),
+                  "prefect.resource.name": f"{destination} endpoint {position or url}"},
+        related=_destination(destination),
+        payload=payload,
     )

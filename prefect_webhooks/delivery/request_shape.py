@@ -18,6 +18,7 @@ from prefect_webhooks.blocks.endpoint_auth import BearerToken, ClientCertificate
 from prefect_webhooks.messages.mapping import Mapping, compile_mapping
 from prefect_webhooks.signing.headers import MessageSigner
 from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
+from prefect_webhooks.store.endpoint_states import url_key
 
 USER_AGENT = "prefect-webhooks/1.0"
 AUTHORIZATION_HEADER = "Authorization"
@@ -34,14 +35,21 @@ class Endpoint:
     mapping: Mapping | None = None
     oauth2: OAuth2ClientCredentials | None = None
     ssl: ssl.SSLContext | None = None
+    position: int = 1
+    """Its place in the block's list, from 1 (how ``disabled_endpoints`` names it)."""
+    key: str = ""
+    """Its key in the store's ``endpoint_states`` (``url_key``)."""
+    rate_limit: float | None = None
+    burst: int = 1
 
     def render(self, body: bytes) -> bytes:
         """The body this endpoint gets for one serialised message: the message itself, or its mapping."""
         return body if self.mapping is None else self.mapping.render(body)
 
 
-def endpoint_of(endpoint: WebhookEndpoint, ca_file: str | None) -> Endpoint:
-    """Prepare a saved endpoint for sending (secrets in the clear, kept only in memory)."""
+def endpoint_of(endpoint: WebhookEndpoint, ca_file: str | None, position: int = 1) -> Endpoint:
+    """Prepare a saved endpoint, the ``position``-th of its destination, for sending (secrets in the clear, kept
+    only in memory)."""
     headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
     headers.update(endpoint.header_values())
     headers.pop(SIGNATURE_HEADER, None)
@@ -56,6 +64,10 @@ def endpoint_of(endpoint: WebhookEndpoint, ca_file: str | None) -> Endpoint:
         mapping=compile_mapping(endpoint.mapping) if endpoint.mapping is not None else None,
         oauth2=auth if isinstance(auth, OAuth2ClientCredentials) else None,
         ssl=_client_context(certificate, ca_file) if certificate is not None else None,
+        position=position,
+        key=url_key(endpoint.url),
+        rate_limit=endpoint.rate_limit,
+        burst=endpoint.rate_limit_burst,
     )
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -198,24 +200,65 @@ class Sender:
             return [await self.request(requests[0])]
         return list(await asyncio.gather(*(self.request(request) for request in requests)))
 
-    async def send_all(self, items: Sequence[tuple[ResolvedDestination, bytes, str]]) -> list[list[RequestResult]]:
+    async def send_all(
+        self,
+        items: Sequence[tuple[ResolvedDestination, bytes, str]],
+        not_before: Sequence[float] | None = None,
+    ) -> list[list[RequestResult]]:
         """Send many ``(destination, body, message id)``; results in the same order.
 
         A fixed set of workers pulls from the list instead of one task per message: 500 waiting tasks cost the
-        event loop more than the requests themselves.
+        event loop more than the requests themselves. ``not_before`` gives each item the event loop time before
+        which it is not sent (its rate-limit slot); the items of one destination with a slot ahead go one after
+        the other, each keeping its planned distance from the previous one.
         """
         results: list[list[RequestResult]] = [[] for _ in items]
-        pending = iter(range(len(items)))
 
-        async def worker() -> None:
-            for index in pending:
-                destination, body, key = items[index]
-                results[index] = await self.send(destination, body, key)
+        async def send_one(index: int) -> None:
+            destination, body, key = items[index]
+            results[index] = await self.send(destination, body, key)
 
-        workers = min(self.settings.delivery.delivery_concurrency, len(items))
+        def pool(indexes: list[int]) -> list[Coroutine[Any, Any, None]]:
+            pending = iter(indexes)
+
+            async def worker() -> None:
+                for index in pending:
+                    await send_one(index)
+
+            return [worker() for _ in range(min(self.settings.delivery.delivery_concurrency, len(indexes)))]
+
+        everything = list(range(len(items)))
+        if not_before is None:
+            workers = pool(everything)
+        else:
+            now = asyncio.get_running_loop().time()
+            chains: dict[str, list[int]] = {}
+            for index in everything:
+                if not_before[index] > now:
+                    chains.setdefault(items[index][0].name, []).append(index)
+            workers = [*pool([i for i in everything if not_before[i] <= now]),
+                       *(run_paced([(not_before[i], partial(send_one, i)) for i in chain])
+                         for chain in chains.values())]
         if workers:
-            await asyncio.gather(*(worker() for _ in range(workers)))
+            await asyncio.gather(*workers)
         return results
+
+
+async def run_paced(jobs: Sequence[tuple[float, Callable[[], Awaitable[Any]]]]) -> None:
+    """Start each ``(event loop time, job)`` at its time, in time order, and wait for all of them.
+
+    The jobs of one rate-limited destination go this way: a start that went late (a busy event loop) pushes the
+    next one back by the planned gap, so late requests never bunch up above the endpoint's rate.
+    """
+    loop = asyncio.get_running_loop()
+    started, previous = [], None
+    for planned, job in sorted(jobs, key=lambda pair: pair[0]):
+        at = planned if previous is None else max(planned, previous[1] + planned - previous[0])
+        if at > loop.time():
+            await asyncio.sleep(at - loop.time())
+        previous = (planned, loop.time())
+        started.append(asyncio.ensure_future(job()))
+    await asyncio.gather(*started)
 
 
 def _ms(started: float) -> float:

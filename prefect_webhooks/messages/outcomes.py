@@ -16,6 +16,11 @@ FAILED = "failed"
 # Dropped by one of the destination's filter rules (named in ``reason``); never sent.
 FILTERED = "filtered"
 
+# Reason prefixes of rows that no request was made for: a pending row waiting for its endpoint's rate budget, and a
+# failed row whose every endpoint is disabled (``replay --reason-prefix disabled`` puts these back).
+THROTTLED_REASON = "throttled:"
+DISABLED_REASON = "disabled:"
+
 # Outcomes of one request (``DELIVERED`` is both: any 2xx delivers the message).
 RETRY = "retry"
 PERMANENT = "permanent"

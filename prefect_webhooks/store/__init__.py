@@ -7,7 +7,8 @@ idempotently, and ``metrics`` reads the backlog and totals for ``/metrics``, ``/
 
 from prefect_webhooks.store.engines import create_schema, dispose_engines, get_engine, insert_rows, store_key
 from prefect_webhooks.store.metrics import backlog_snapshot
-from prefect_webhooks.store.outbox import add_to_outbox, claim_due_deliveries, enqueue, record_outcomes, replay_failed
+from prefect_webhooks.store.outbox import add_to_outbox, claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.replay import replay_failed
 from prefect_webhooks.store.tables import (
     Audience,
     AudienceState,

@@ -106,16 +106,25 @@ def create_schema(engine: Engine) -> None:
     """Create every table and index that is missing; safe to call from any number of processes."""
     if engine.dialect.name != "postgresql":
         # SQLite serialises the DDL under its write lock.
-        SQLModel.metadata.create_all(engine, checkfirst=True)
         with engine.begin() as connection:
+            _create_missing(connection)
             upgrade_store(connection)
         return
     with engine.begin() as connection:
         # Concurrent CREATE TABLEs race on PostgreSQL's catalog (duplicate pg_type rows): one creator at a time,
         # the lock held until this transaction commits; the others then find every table and create nothing.
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243051)")
-        SQLModel.metadata.create_all(connection, checkfirst=True)
+        _create_missing(connection)
         upgrade_store(connection)
+
+
+def _create_missing(connection: Connection) -> None:
+    SQLModel.metadata.create_all(connection, checkfirst=True)
+    # create_all makes a table's indexes only with the table: an index added in a later release must be created on
+    # a store made before it.
+    for table in SQLModel.metadata.sorted_tables:
+        for index in table.indexes:
+            index.create(connection, checkfirst=True)
 
 
 _store_keys: dict[str, str] = {}

@@ -15,12 +15,23 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING, Delivered, Failed, OutcomeRecords
+from prefect_webhooks.messages.outcomes import (
+    DELIVERED,
+    FAILED,
+    FILTERED,
+    PENDING,
+    THROTTLED_REASON,
+    Delivered,
+    Failed,
+    OutcomeRecords,
+)
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.messages.retry import RETRY_AFTER_REASON
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine, insert_rows
+from prefect_webhooks.store.ordering import claimable_in_order
+from prefect_webhooks.store.replay import replay_failed as replay_failed  # its home before the replay module
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
 
 OUTBOX = OutboxMessage.__table__
@@ -132,6 +143,7 @@ def claim_due_deliveries(
     destination: str | None = None,
     *,
     lease_seconds: float | None = None,
+    in_order: bool = True,
 ) -> list[Claimed]:
     """Lease up to ``limit`` due pending rows for ``owner`` in one statement, oldest due first.
 
@@ -145,6 +157,8 @@ def claim_due_deliveries(
         owner: The claimer's id, written to ``lease_owner``.
         destination: Only rows for this destination block name; all destinations when None.
         lease_seconds: Lease length; ``settings.delivery.lease_seconds`` by default.
+        in_order: Take only each user's oldest pending row of an ordered destination (``store.ordering``); a
+            caller that knows no destination is ordered passes False and saves the check.
 
     Returns:
         The claimed rows (any order).
@@ -161,6 +175,8 @@ def claim_due_deliveries(
         .order_by(OUTBOX.c.next_attempt_at)
         .limit(limit)
     )
+    if in_order:
+        due = due.where(claimable_in_order())
     if destination is not None:
         due = due.where(OUTBOX.c.destination == destination)
     if engine.dialect.name == "postgresql":
@@ -172,6 +188,10 @@ def claim_due_deliveries(
         .returning(*_CLAIMED_COLUMNS)
     )
     with engine.begin() as connection:
+        if in_order and engine.dialect.name == "postgresql":
+            # A prepared claim may get a generic plan after a few runs; with the ordered-delivery condition that plan
+            # took seconds instead of milliseconds (the due time is only known per run).
+            connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
         return [_claimed(row) for row in connection.execute(statement)]
 
 
@@ -204,8 +224,8 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
 
     Messages put off by a retry backoff are brought forward when their endpoint is known to answer again (a circuit
     breaker probe succeeded), or one of them is, to carry the probe. Rows under a live lease (an in-process retry)
-    and rows whose next attempt a receiver's ``Retry-After`` set are left alone; the deadline and attempt count stay
-    as they are.
+    and rows whose next attempt a receiver's ``Retry-After`` or the endpoint's rate budget set are left alone; the
+    deadline and attempt count stay as they are.
 
     Returns:
         How many rows were brought forward.
@@ -220,7 +240,8 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
             OUTBOX.c.state == PENDING,
             OUTBOX.c.next_attempt_at > now,
             or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
-            or_(OUTBOX.c.reason.is_(None), OUTBOX.c.reason.not_like(f"%{RETRY_AFTER_REASON}%")),
+            or_(OUTBOX.c.reason.is_(None), and_(OUTBOX.c.reason.not_like(f"%{RETRY_AFTER_REASON}%"),
+                                                 OUTBOX.c.reason.not_like(f"{THROTTLED_REASON}%"))),
         )
         .order_by(OUTBOX.c.next_attempt_at)
     )
@@ -335,55 +356,3 @@ def _by_destination(rows: Sequence[Failed]) -> dict[str, list[Failed]]:
         groups.setdefault(row.destination, []).append(row)
     return groups
 
-
-def replay_failed(
-    destination: str,
-    *,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
-    reason_prefix: str | None = None,
-    filtered: bool = False,
-    engine: Engine | None = None,
-) -> int:
-    """Put ``failed`` (or ``filtered``) rows of a destination back to pending, due now, with a fresh deadline.
-
-    The first attempt time and the attempt counter are reset, so the backoff starts again and the message gets
-    a full ``max_retry_age`` from its next attempt; the ``delivery_attempts`` log keeps the history.
-
-    Args:
-        destination: The destination block name.
-        created_after: Only rows created at or after this time.
-        created_before: Only rows created before this time.
-        reason_prefix: Only rows whose reason starts with this (e.g. ``"expired"`` or ``"permanent: HTTP 410"``).
-        filtered: Put back rows a destination filter dropped instead of failed ones (after a rule was changed:
-            the destination's current rules apply to them again).
-        engine: The store; the configured one by default.
-
-    Returns:
-        How many rows were put back.
-    """
-    engine = engine or get_engine()
-    # A row whose body a deletion request purged has nothing left to send: it stays failed.
-    state = FILTERED if filtered else FAILED
-    conditions = [OUTBOX.c.destination == destination, OUTBOX.c.state == state, OUTBOX.c.body.is_not(None)]
-    if created_after is not None:
-        conditions.append(OUTBOX.c.created_at >= to_store_time(created_after))
-    if created_before is not None:
-        conditions.append(OUTBOX.c.created_at < to_store_time(created_before))
-    if reason_prefix:
-        conditions.append(OUTBOX.c.reason.startswith(reason_prefix, autoescape=True))
-    statement = (
-        update(OUTBOX)
-        .where(and_(*conditions))
-        .values(
-            state=PENDING,
-            reason=None,
-            attempts=0,
-            first_attempt_at=None,
-            next_attempt_at=store_now(),
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-    )
-    with engine.begin() as connection:
-        return connection.execute(statement).rowcount

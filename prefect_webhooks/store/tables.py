@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import NaiveDatetime
-from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -36,6 +36,10 @@ class OutboxMessage(SQLModel, table=True):
     __table_args__ = (
         Index("ix_outbox_due", "state", "next_attempt_at"),
         Index("ix_outbox_user", "user_id"),
+        # Ordered destinations claim only a user's oldest pending message: this finds an earlier one in one probe.
+        Index("ix_outbox_pending_user", "destination", "user_id", "id",
+              sqlite_where=text("state = 'pending' AND user_id IS NOT NULL"),
+              postgresql_where=text("state = 'pending' AND user_id IS NOT NULL")),
     )
 
     id: int | None = Field(
@@ -57,6 +61,40 @@ class OutboxMessage(SQLModel, table=True):
     )
     lease_owner: str | None = Field(default=None, max_length=64)
     lease_expires_at: NaiveDatetime | None = None
+
+
+class EndpointState(SQLModel, table=True):
+    """What every delivery process of a store shares about one endpoint: its request budget and its health.
+
+    A row exists only for an endpoint that is rate limited, paused by a ``Retry-After``, ramping up or failing.
+    Budget times are seconds since the epoch by the database's clock (``endpoint_states`` explains them).
+    """
+
+    __tablename__ = "endpoint_states"
+
+    destination: str = Field(primary_key=True, max_length=255)
+    url_key: str = Field(primary_key=True, max_length=32, description="SHA-256 of the URL, hex, first 32 digits.")
+    url: str = Field(default="", description="The URL without query or credentials, for status and events.")
+    rate: float | None = Field(default=None, description="The rate limit last seen in the block (requests/s).")
+    burst: int = Field(default=1)
+    tat: float = Field(default=0.0, description="GCRA theoretical arrival time: when the next slot is free.")
+    parked_until: float = Field(default=0.0, description="Where the next message put off for budget is placed.")
+    paused_until: float = Field(default=0.0, description="No request before this (a receiver's Retry-After).")
+    ramp_started_at: float = Field(default=0.0, description="When the endpoint began ramping up again.")
+    failures: int = Field(default=0, description="Requests in a row that got no 2xx.")
+    failing_since: NaiveDatetime | None = None
+    last_error: str | None = None
+    failing_notified_at: NaiveDatetime | None = None
+    disabled_at: NaiveDatetime | None = Field(default=None, description="When delivery last disabled it.")
+    updated_at: NaiveDatetime
+
+
+class OrderedDestination(SQLModel, table=True):
+    """A destination whose block asks for ordered delivery: claims take only each user's oldest pending message."""
+
+    __tablename__ = "ordered_destinations"
+
+    destination: str = Field(primary_key=True, max_length=255)
 
 
 class StoreIdentity(SQLModel, table=True):

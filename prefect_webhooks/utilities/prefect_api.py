@@ -9,6 +9,7 @@ they start are forbidden to start a temporary server.
 from __future__ import annotations
 
 import os
+import sys
 
 START_A_SERVER = ("set PREFECT_API_URL to a running Prefect server: run `prefect server start` in another terminal, "
                   "then `export PREFECT_API_URL=http://127.0.0.1:4200/api` (or use Prefect Cloud)")
@@ -40,3 +41,17 @@ def require_prefect_api(*, export: bool = False) -> str:
         # The alias every Prefect 3 release reads (``server.ephemeral.enabled``).
         os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
     return url
+
+
+def exit_without_prefect_api(command: str, also: str = "") -> None:
+    """Exit with status 1 and one line saying what to set when no Prefect API URL is set: a command that needs
+    Prefect would otherwise start a temporary server that loses its records.
+
+    Raises:
+        SystemExit: no API URL is set.
+    """
+    try:
+        require_prefect_api()
+    except LookupError as exc:
+        print(f"{command}: {exc}" + (f"; {also}" if also else ""), file=sys.stderr)
+        raise SystemExit(1) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -254,3 +255,28 @@ def test_rotate_secret_works_from_synchronous_code() -> None:
     assert done.stdout.split() == ["SecretStr", "synchronous-new-secret"]
     loaded = WebhookDestination.load(name)
     assert loaded.previous_secret.get_secret_value() == "sync-old-secret-1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"endpoints": [{"url": "https://a.example/in", "rate_limit": 0}]}, "endpoints.0.rate_limit"),
+        ({"endpoints": [{"url": "https://a.example/in", "rate_limit_burst": 0}]}, "endpoints.0.rate_limit_burst"),
+        ({"disable_after": -60}, "disable_after: must be a positive duration"),
+        ({"disabled_endpoints": [{"position": 2, "disabled_at": "2026-01-01T00:00:00Z"}]},
+         "disabled_endpoints: position 2 does not exist, the destination has 1 endpoint(s)"),
+        ({"disabled_endpoints": [{"position": 1, "disabled_at": "2026-01-01T00:00:00Z"}] * 2},
+         "disabled_endpoints: position 1 is listed twice"),
+    ],
+)
+def test_endpoint_controls_are_checked_naming_the_field(fields: dict[str, object], says: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        WebhookDestination(**{"endpoints": [{"url": "https://a.example/in"}], **fields})
+
+
+def test_endpoint_controls_default_to_off() -> None:
+    block = WebhookDestination(endpoints=[{"url": "https://a.example/in"}])
+    assert (block.ordered, block.disable_after, block.disabled_endpoints) == (False, None, [])
+    assert (block.endpoints[0].rate_limit, block.endpoints[0].rate_limit_burst) == (None, 1)
+    assert WebhookDestination(endpoints=[{"url": "https://a.example/in"}], disable_after="P5D").disable_after == (
+        dt.timedelta(days=5))

@@ -49,7 +49,8 @@ def test_deploy_creates_the_pool_the_deployments_and_a_first_deliver_run(prefect
     done = deploy_command(tmp_path, "--pool", pool)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"work pool {pool!r} created (type process)" in done.stdout
-    assert "deliver/continuous, deletions/interval, prune/retention, replay/on-demand, audience-sync/vip-users" in done.stdout
+    assert ("deliver/continuous, deletions/interval, prune/retention, replay/on-demand, audience-sync/vip-users"
+            in done.stdout)
     assert f"prefect worker start --pool {pool}" in done.stdout
     with get_client(sync_client=True) as client:
         assert client.read_work_pool(pool).type == "process"

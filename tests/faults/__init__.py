@@ -2,9 +2,9 @@
 
 ``worker_main`` is the body of a delivery worker process (``python -c "from tests.faults import worker_main;
 worker_main()"``): it delivers from the store in ``PREFECT_WEBHOOKS_DATABASE_URL`` to destinations given as JSON in
-``WORKER_DESTINATIONS`` (``{name: [url, ...]}``, unsaved blocks, so no Prefect server is needed; ``{name: []}``
-loads the saved block ``name`` from the Prefect API in ``PREFECT_API_URL``) with ``deliver_due`` in continuous mode,
-and prints its stats as one JSON line.
+``WORKER_DESTINATIONS`` (``{name: [url, ...]}`` or ``{name: {block fields}}``, unsaved blocks, so no Prefect
+server is needed; ``{name: []}`` loads the saved block ``name`` from the Prefect API in ``PREFECT_API_URL``) with
+``deliver_due`` in continuous mode, and prints its stats as one JSON line.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def worker_main() -> None:
             context = DeliveryContext(get_engine(), sender, settings=settings)
             for name, urls in destinations.items():
                 if urls:
-                    context.destinations.remember(name, WebhookDestination(endpoints=[{"url": url} for url in urls]))
+                    # A list of URLs, or the block's fields (``{"endpoints": [...], "ordered": true}``).
+                    fields = urls if isinstance(urls, dict) else {"endpoints": [{"url": url} for url in urls]}
+                    context.destinations.remember(name, WebhookDestination(**fields))
             options = DeliveryOptions(run_for_seconds=run_seconds, until_empty=until_empty, idle_sleep=0.1)
             stats = await deliver_due(options, context=context)
             return {"owner": context.owner, **stats.summary()}
@@ -53,7 +55,7 @@ def worker_main() -> None:
     print(json.dumps(asyncio.run(run())), flush=True)
 
 
-def start_worker(store_url: str, destinations: dict[str, list[str]], *, run_seconds: float = 60.0,
+def start_worker(store_url: str, destinations: dict[str, Any], *, run_seconds: float = 60.0,
                  until_empty: bool = True, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """Start a delivery worker process (see ``worker_main``)."""
     child_env = {

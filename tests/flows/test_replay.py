@@ -33,15 +33,25 @@ def outbox() -> list[Any]:
         return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
 
 
-async def replay_summary(state: Any) -> dict[str, Any]:
-    """The one row of the replay run's table artifact."""
+async def run_artifact(state: Any, kind: str) -> Any:
+    """The data of the replay run's artifact of type ``kind`` (``table`` or ``progress``)."""
     async with get_client() as client:
         response = await client.request(
             "POST", "/artifacts/filter",
             json={"artifacts": {"flow_run_id": {"any_": [str(state.state_details.flow_run_id)]}}, "limit": 10,
                   "offset": 0, "sort": "CREATED_DESC"})
-    (artifact,) = response.json()
-    return orjson.loads(artifact["data"])[0]
+    (artifact,) = [artifact for artifact in response.json() if artifact["type"] == kind]
+    return artifact["data"]
+
+
+async def replay_summary(state: Any) -> dict[str, Any]:
+    """The one row of the replay run's table artifact."""
+    return orjson.loads(await run_artifact(state, "table"))[0]
+
+
+async def progress_of(state: Any) -> float:
+    """Where the replay run's progress artifact ended."""
+    return float(await run_artifact(state, "progress"))
 
 
 @pytest.fixture
@@ -93,5 +103,33 @@ async def test_replay_of_filtered_messages_applies_the_current_rules(name: str) 
     assert [row.state for row in outbox()] == [DELIVERED] * 3
     assert sorted(orjson.loads(r.body)["userId"] for r in receiver.requests) == ["u0", "u1", "u2"]
     assert await replay_summary(state) == {
-        "destination": name, "created_after": "", "created_before": "",
+        "destination": name, "endpoint": "", "since": "", "until": "", "created_after": "", "created_before": "",
         "reason_prefix": "filtered: allow rule 'only-u1'", "state": "filtered", "replayed": 2}
+
+
+async def test_a_window_replay_by_endpoint_url_in_chunks(name: str) -> None:
+    with Receiver(default=503) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(f"{name}-2")
+        enqueue(name, [track(n) for n in range(6)])
+        enqueue(f"{name}-2", [track(n) for n in range(6, 9)])
+        outage_from = dt.datetime(2026, 3, 1, 10, tzinfo=dt.timezone.utc)
+        # Everything failed; ids 1-3 and 7 were being attempted during the outage window, the others later.
+        with get_engine().begin() as connection:
+            connection.execute(update(OUTBOX).values(state=FAILED, reason="expired: HTTP 503", attempts=5))
+            for ids, hour in (([1, 2, 3, 7], 11), ([4, 5, 6, 8, 9], 15)):
+                connection.execute(update(OUTBOX).where(OUTBOX.c.id.in_(ids)).values(
+                    first_attempt_at=dt.datetime(2026, 3, 1, hour - 1), next_attempt_at=dt.datetime(2026, 3, 1, hour)))
+        receiver.default = 200
+        state = await replay(endpoint=receiver.url, since=outage_from, until=outage_from + dt.timedelta(hours=2),
+                             chunk_size=2, return_state=True)
+        assert await state.result() == 4
+        assert [row.id for row in outbox() if row.state == PENDING] == [1, 2, 3, 7]
+        assert await progress_of(state) == 100.0
+        summary = await replay_summary(state)
+        assert summary["destination"] == f"{name}, {name}-2" and summary["replayed"] == 4
+
+
+async def test_replay_without_destination_or_endpoint_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="destination or an endpoint"):
+        await replay()

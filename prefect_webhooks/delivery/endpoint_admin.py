@@ -1,0 +1,70 @@
+"""What ``prefect-webhooks endpoint`` shows and does: a destination's endpoints with their limits and health, and
+enabling or disabling them (the block's ``disabled_endpoints`` and the store's health rows together)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.enabling import adisable_positions, aenable_endpoints
+from prefect_webhooks.blocks.saved import load_block
+from prefect_webhooks.delivery.sender import display_url
+from prefect_webhooks.messages.outcomes import DISABLED_REASON
+from prefect_webhooks.store.endpoint_states import read_states, reset_health, url_key
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.replay import replay_failed
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """One endpoint as ``endpoint list`` shows it."""
+
+    position: int
+    url: str
+    rate_limit: str
+    state: str
+    failures: int
+    failing_since: datetime | None
+    last_error: str | None
+
+
+async def endpoint_views(name: str) -> list[EndpointView]:
+    """The endpoints of destination ``name`` with their limit, whether they are enabled, and their failure run."""
+    block = await load_block(WebhookDestination, name)
+    states = read_states(get_engine(), [name])
+    disabled = {entry.position: entry for entry in block.disabled_endpoints}
+    views = []
+    for position, endpoint in enumerate(block.endpoints, start=1):
+        row = states.get((name, url_key(endpoint.url)))
+        limit = f"{endpoint.rate_limit:g}/s (burst {endpoint.rate_limit_burst})" if endpoint.rate_limit else "none"
+        entry = disabled.get(position)
+        state = f"disabled {entry.disabled_at:%Y-%m-%d %H:%M} UTC" if entry else "enabled"
+        views.append(EndpointView(position, display_url(endpoint.url), limit, state, row.failures if row else 0,
+                                  row.failing_since if row else None, row.last_error if row else None))
+    return views
+
+
+async def aenable(name: str, positions: Sequence[int] | None, replay: bool) -> tuple[list[int], int]:
+    """Enable endpoints of ``name`` (all disabled ones when ``positions`` is None), forget their failure runs and,
+    with ``replay``, put back the messages that failed because every endpoint was disabled.
+
+    Returns:
+        The positions enabled, and how many messages were put back.
+    """
+    removed = await aenable_endpoints(name, positions)
+    block = await load_block(WebhookDestination, name)
+    keys = [url_key(block.endpoints[entry.position - 1].url) for entry in removed]
+    if keys:
+        reset_health(get_engine(), name, keys)
+    replayed = 0
+    if replay and removed:
+        since = min(entry.disabled_at for entry in removed)
+        replayed = replay_failed(name, reason_prefix=DISABLED_REASON.rstrip(":"), since=since)
+    return [entry.position for entry in removed], replayed
+
+
+async def adisable(name: str, positions: Sequence[int]) -> list[int]:
+    """Disable endpoints of ``name`` by position (by hand); returns the ones newly disabled."""
+    return await adisable_positions(name, positions, "disabled by hand (prefect-webhooks endpoint disable)")

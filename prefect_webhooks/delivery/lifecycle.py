@@ -1,0 +1,131 @@
+"""Endpoint lifecycle: health from each batch's requests, operational events, disabling after ``disable_after``.
+
+After a batch sends, its requests are summed up per endpoint (``HealthReport``) and, when they change anything (a
+failure, or a success after failures), added to the endpoint's row in the store, which says what changed:
+``failing`` (``endpoint_failing_threshold`` failures in a row), ``recovered`` (a 2xx after that) or ``disabled``
+(failing without a success for the destination's ``disable_after``). Each change is decided under the row's lock,
+so exactly one process emits its event; for ``disabled`` that process also adds the endpoint to the block's
+``disabled_endpoints``. A healthy endpoint costs no store write.
+
+A disabled endpoint gets no requests. When every endpoint of a destination is disabled its messages fail at once
+with the reason ``disabled: …`` (no ``delivery.failed`` event each: ``endpoint.disabled`` said it already);
+``replay --reason-prefix disabled`` sends them once an endpoint is enabled again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from prefect_webhooks.blocks.enabling import adisable_endpoint
+from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR
+from prefect_webhooks.delivery.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.destinations import ResolvedDestination
+from prefect_webhooks.delivery.events import emit_endpoint_event, in_background
+from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, Failed, OutcomeRecords
+from prefect_webhooks.store.endpoint_states import (
+    DISABLED,
+    HealthReport,
+    Transition,
+    needs_recording,
+    record_health,
+    undo_disable,
+)
+from prefect_webhooks.store.outbox import Claimed
+
+logger = logging.getLogger("prefect_webhooks.delivery")
+
+Ready = tuple[Claimed, ResolvedDestination]
+
+
+def fail_where_all_disabled(ready: list[Ready], records: OutcomeRecords) -> list[Ready]:
+    """Fail the messages of destinations whose every endpoint is disabled; the others go on."""
+    sendable = []
+    for row, destination in ready:
+        if destination.endpoints:
+            sendable.append((row, destination))
+            continue
+        reason = (f"{DISABLED_REASON} every endpoint of destination {destination.name!r} is disabled; enable one, "
+                  "then replay with reason prefix 'disabled'")
+        records.failed.append(Failed(row.id, reason, row.attempts, row.first_attempt_at))
+    return sendable
+
+
+def health_reports(
+    ready: Sequence[Ready], results_by_row: Sequence[Sequence[RequestResult]]
+) -> dict[str, tuple[ResolvedDestination, list[HealthReport]]]:
+    """Per destination, what the batch's requests came to per endpoint (requests not sent are left out)."""
+    by_endpoint: dict[tuple[str, str], list[RequestResult]] = {}
+    destinations: dict[str, ResolvedDestination] = {}
+    counted: set[int] = set()
+    for (_, destination), results in zip(ready, results_by_row, strict=True):
+        destinations[destination.name] = destination
+        for result in results:
+            # The messages of one batch share its request's result: it counts once.
+            if result.error != CIRCUIT_OPEN_ERROR and id(result) not in counted:
+                counted.add(id(result))
+                by_endpoint.setdefault((destination.name, result.url), []).append(result)
+    reports: dict[str, tuple[ResolvedDestination, list[HealthReport]]] = {}
+    for (name, url), results in by_endpoint.items():
+        destination = destinations[name]
+        endpoint = next((e for e in destination.endpoints if e.url == url), None)
+        if endpoint is None:
+            continue
+        results.sort(key=lambda result: result.attempted_at)
+        last_success = max((i for i, result in enumerate(results) if result.outcome == DELIVERED), default=-1)
+        trailing = results[last_success + 1:]
+        report = HealthReport(endpoint.key, display_url(url), last_success >= 0, len(trailing),
+                              trailing[0].attempted_at if trailing else None,
+                              trailing[-1].summary() if trailing else None)
+        reports.setdefault(name, (destination, []))[1].append(report)
+    return reports
+
+
+async def observe_health(
+    ready: Sequence[Ready], results_by_row: Sequence[Sequence[RequestResult]], context: DeliveryContext
+) -> None:
+    """Add a sent batch's outcomes to its endpoints' health; emit events and disable endpoints as it says."""
+    all_delivered = all(result.outcome == DELIVERED for results in results_by_row for result in results)
+    if all_delivered and not any(context.shared.endpoint(destination.name, endpoint.key) is not None
+                                 for destination in {d.name: d for _, d in ready}.values()
+                                 for endpoint in destination.endpoints):
+        # The common case: healthy endpoints with no failure run to end; nothing to record.
+        return
+    for name, (destination, reports) in health_reports(ready, results_by_row).items():
+        changed = [report for report in reports if needs_recording(report, context.shared.endpoint(name, report.key))]
+        if not changed:
+            continue
+        try:
+            transitions = await store_call(
+                context.settings, record_health, context.engine, name, changed,
+                failing_threshold=context.settings.delivery.endpoint_failing_threshold,
+                disable_after=destination.disable_after)
+        except Exception as exc:
+            # Health is bookkeeping: the batch's messages are recorded all the same.
+            logger.warning("recording the health of %s's endpoints failed: %s", name, type(exc).__name__)
+            continue
+        context.shared.mark_stale()
+        for transition in transitions:
+            await _act_on(transition, destination, context)
+
+
+async def _act_on(transition: Transition, destination: ResolvedDestination, context: DeliveryContext) -> None:
+    endpoint = next(e for e in destination.endpoints if e.key == transition.key)
+    position: int | None = endpoint.position
+    if transition.kind == DISABLED:
+        reason = f"failing since {transition.failing_since:%Y-%m-%d %H:%M:%S} UTC: {transition.last_error}"
+        try:
+            position = await adisable_endpoint(destination.name, endpoint.url, reason)
+        except Exception as exc:
+            # The failure run goes on as if nothing happened: the next failure tries again.
+            await store_call(context.settings, undo_disable, context.engine, destination.name, transition.key,
+                             transition.failing_since)
+            logger.error("disabling endpoint %d of %s failed: %s", endpoint.position, destination.name,
+                         type(exc).__name__)
+            return
+        context.destinations.forget(destination.name)
+        logger.error("endpoint %s of destination %s is disabled: %s", position, destination.name, reason)
+    in_background(emit_endpoint_event, transition.kind, destination.name, transition.key, transition.url,
+                  position=position, failures=transition.failures, failing_since=transition.failing_since,
+                  last_error=transition.last_error)

@@ -1,0 +1,173 @@
+"""Endpoint lifecycle against a real Prefect server: an endpoint failing for longer than ``disable_after`` is
+disabled (block, no requests, ``disabled:`` failures), enabled again with the CLI; every operational event is read
+back from the server's event API and each ready-made automation in deployments/automations fires on it."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import select, update
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
+from prefect_webhooks.delivery.events import (
+    DELIVERY_EXHAUSTED,
+    ENDPOINT_DISABLED,
+    ENDPOINT_FAILING,
+    ENDPOINT_RECOVERED,
+)
+from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, FAILED
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.tables import store_now
+from tests.receivers import Receiver
+
+ROOT = Path(__file__).resolve().parents[2]
+AUTOMATIONS = ROOT / "deployments" / "automations"
+FILES = {ENDPOINT_FAILING: "endpoint-failing.yaml", ENDPOINT_DISABLED: "endpoint-disabled.yaml",
+         ENDPOINT_RECOVERED: "endpoint-recovered.yaml", DELIVERY_EXHAUSTED: "delivery-exhausted.yaml"}
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def read_events(prefix: str, since: datetime) -> list[dict[str, Any]]:
+    """The events of resources whose id starts with ``prefix`` since ``since``, from the Prefect server's API."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        answer = client.request("POST", "/events/filter", json={"limit": 50, "filter": {
+            "occurred": {"since": since.isoformat()}, "resource": {"id_prefix": [prefix]},
+            "event": {"prefix": ["prefect-webhooks."]}}})
+    return answer.json()["events"]
+
+
+def wait_for_events(prefix: str, since: datetime, names: set[str]) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 60
+    while True:
+        events = read_events(prefix, since)
+        if names <= {event["event"] for event in events} or time.monotonic() > deadline:
+            return events
+        time.sleep(0.5)
+
+
+def create_automations(block_id: str, resource_prefixes: dict[str, str]) -> list[str]:
+    """Each automation file as shipped, with the notification block filled in and its match narrowed to this
+    test's resources (the session's server also sees other tests' events); returns the automations' ids."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.schemas.automations import AutomationCore
+
+    ids = []
+    with get_client(sync_client=True) as client:
+        for event, file in FILES.items():
+            document = yaml.safe_load((AUTOMATIONS / file).read_text())
+            assert document["trigger"]["expect"] == [event]
+            shipped = document["trigger"]["match"]["prefect.resource.id"]
+            assert fnmatch.fnmatch(resource_prefixes[event] + "x", shipped)
+            document["trigger"]["match"]["prefect.resource.id"] = resource_prefixes[event] + "*"
+            document["actions"][0]["block_document_id"] = block_id
+            document["name"] = f"{document['name']} {uuid.uuid4().hex[:6]}"
+            ids.append(str(client.create_automation(AutomationCore.model_validate(document))))
+    return ids
+
+
+@pytest.fixture
+def fast_failures(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    for name, value in {"BLOCK_CACHE_SECONDS": "0", "RETRY_BASE_DELAY": "0.2", "RETRY_MAX_DELAY": "0.4",
+                        "CIRCUIT_COOLDOWN_SECONDS": "0.3", "ENDPOINT_FAILING_THRESHOLD": "3"}.items():
+        monkeypatch.setenv(f"PREFECT_WEBHOOKS_{name}", value)
+    get_settings.cache_clear()
+    return store_url
+
+
+async def deliver(seconds: float) -> None:
+    async with Sender() as sender:
+        await deliver_due(DeliveryOptions(run_for_seconds=seconds, idle_sleep=0.1),
+                          context=DeliveryContext(get_engine(), sender))
+
+
+def rows(destination: str) -> list[Any]:
+    with get_engine().connect() as connection:
+        return list(connection.execute(select(OUTBOX).where(OUTBOX.c.destination == destination)))
+
+
+@pytest.mark.timeout(240)
+async def test_disable_events_automations_and_enable_again(fast_failures: str, tmp_path: Path) -> None:
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    name, doomed = f"lc-{uuid.uuid4().hex[:8]}", f"lc-exp-{uuid.uuid4().hex[:8]}"
+    started = datetime.now(timezone.utc) - timedelta(seconds=5)
+    with Receiver(default=503) as endpoint, Receiver(default=503) as other, Receiver() as notifications:
+        block_id = await CustomWebhookNotificationBlock(
+            name="ops", url=notifications.url, json_data={"subject": "{{subject}}", "body": "{{body}}"}
+        ).save(f"ops-{name}", overwrite=True)
+        endpoint_prefix = f"prefect-webhooks.endpoint.{name}."
+        automations = create_automations(str(block_id), {
+            ENDPOINT_FAILING: endpoint_prefix, ENDPOINT_DISABLED: endpoint_prefix, ENDPOINT_RECOVERED: endpoint_prefix,
+            DELIVERY_EXHAUSTED: "prefect-webhooks.outbox."})
+        try:
+            await WebhookDestination(endpoints=[{"url": endpoint.url}], disable_after=timedelta(seconds=2)).save(name)
+            await WebhookDestination(endpoints=[{"url": other.url}]).save(doomed)
+            enqueue(name, [{"type": "track", "userId": f"u{n}", "event": "E"} for n in range(5)])
+            # A message whose retries ran out long ago: it expires at its next claim.
+            enqueue(doomed, [{"type": "track", "userId": "x", "event": "E"}])
+            with get_engine().begin() as connection:
+                connection.execute(update(OUTBOX).where(OUTBOX.c.destination == doomed).values(
+                    attempts=3, first_attempt_at=store_now() - timedelta(hours=5), reason="HTTP 503"))
+            await deliver(5.0)
+            block = await WebhookDestination.load(name)
+            (entry,) = block.disabled_endpoints
+            assert entry.position == 1 and "HTTP 503" in entry.reason
+            # No request reached the endpoint once it was disabled (a request in flight then may land just after).
+            assert max(request.at for request in endpoint.requests) < entry.disabled_at.timestamp() + 1.0
+            assert {row.state for row in rows(name)} == {FAILED}
+            assert all(row.reason.startswith(DISABLED_REASON) for row in rows(name))
+            (expired,) = rows(doomed)
+            assert expired.state == FAILED and expired.reason.startswith("expired")
+
+            events = wait_for_events(endpoint_prefix, started, {ENDPOINT_FAILING, ENDPOINT_DISABLED})
+            assert sorted(event["event"] for event in events) == [ENDPOINT_DISABLED, ENDPOINT_FAILING]
+            disabled = next(event for event in events if event["event"] == ENDPOINT_DISABLED)
+            assert disabled["payload"]["position"] == 1 and disabled["payload"]["url"] == endpoint.url
+            exhausted = wait_for_events(f"prefect-webhooks.outbox.{expired.id}", started, {DELIVERY_EXHAUSTED})
+            assert DELIVERY_EXHAUSTED in {event["event"] for event in exhausted}
+
+            # Fixed receiver; enabled again from the command line, with the messages failed meanwhile put back.
+            endpoint.default = 200
+            enabled = subprocess.run(
+                [sys.executable, "-m", "prefect_webhooks.cli", "endpoint", "enable", name, "--replay"],
+                env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+                     "PREFECT_WEBHOOKS_DATABASE_URL": fast_failures},
+                capture_output=True, text=True, timeout=120)
+            assert enabled.returncode == 0, enabled.stdout + enabled.stderr
+            assert "enabled endpoint(s) [1]" in enabled.stdout and "5 message(s) pending again" in enabled.stdout
+            assert (await WebhookDestination.load(name)).disabled_endpoints == []
+            await deliver(2.0)
+            assert {row.state for row in rows(name)} == {DELIVERED}
+            events = wait_for_events(endpoint_prefix, started, {ENDPOINT_RECOVERED})
+            assert ENDPOINT_RECOVERED in {event["event"] for event in events}
+
+            # Each shipped automation fired on its event.
+            deadline = time.monotonic() + 60
+            while len(notifications.requests) < 4 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            subjects = sorted(request.body.decode() for request in notifications.requests)
+            assert len(subjects) == 4, subjects
+            for word in ("is failing", "disabled", "recovered", "retries exhausted"):
+                assert any(word in subject for subject in subjects), (word, subjects)
+        finally:
+            async with get_client() as client:
+                for automation in automations:
+                    await client.delete_automation(automation)

@@ -1,0 +1,174 @@
+"""Rate limits per endpoint, measured at real receivers: the pace, pauses for Retry-After, the ramp after a
+recovery, the 4-hour bound while waiting for budget, and two ``serve`` processes sharing one PostgreSQL store."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
+from prefect_webhooks.delivery.batch import process_batch
+from prefect_webhooks.delivery.context import ClaimedBatch
+from prefect_webhooks.messages.outcomes import DELIVERED, THROTTLED_REASON
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.tables import store_now
+from tests.receivers import Receiver
+
+
+def calls(name: str, count: int) -> list[dict[str, Any]]:
+    return [{"type": "track", "userId": f"{name}{n}", "event": "E", "properties": {"n": n}} for n in range(count)]
+
+
+def most_in_a_second(times: Sequence[float]) -> int:
+    """The most arrivals in any window of one second."""
+    times = sorted(times)
+    return max(sum(1 for other in times[index:] if other < start + 1.0) for index, start in enumerate(times))
+
+
+def states() -> dict[str, int]:
+    with get_engine().connect() as connection:
+        return dict(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
+
+
+async def run(blocks: dict[str, dict[str, Any]], seconds: float) -> None:
+    async with Sender() as sender:
+        context = DeliveryContext(get_engine(), sender)
+        for name, fields in blocks.items():
+            context.destinations.remember(name, WebhookDestination(**fields))
+        await deliver_due(DeliveryOptions(run_for_seconds=seconds, idle_sleep=0.1), context=context)
+
+
+@pytest.fixture
+def fast_settings(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.2")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RAMP_UP_SECONDS", "0")
+    get_settings.cache_clear()
+    return store_url
+
+
+async def test_a_limited_endpoint_gets_its_rate_and_another_is_not_slowed(fast_settings: str) -> None:
+    with Receiver() as limited, Receiver() as free:
+        enqueue("limited", calls("l", 60))
+        enqueue("free", calls("f", 1000))
+        started = time.time()
+        await run({"limited": {"endpoints": [{"url": limited.url, "rate_limit": 20}]},
+                   "free": {"endpoints": [{"url": free.url}]}}, 4.0)
+    arrivals = [request.at for request in limited.requests]
+    assert len(arrivals) == 60 and states() == {DELIVERED: 1060}
+    # GCRA with burst 1: at most rate + 1 in any second, and 60 requests take about 59 / 20 s.
+    assert most_in_a_second(arrivals) <= 21, sorted(round(at - started, 3) for at in arrivals)
+    assert max(arrivals) - min(arrivals) >= 59 / 20 - 0.1
+    # The free destination's thousand messages do not wait for the limited one's pace.
+    free_took = max(request.at for request in free.requests) - started
+    assert free_took < 2.5, free_took
+
+
+async def test_a_batch_is_one_request_against_the_limit(fast_settings: str) -> None:
+    with Receiver() as receiver:
+        enqueue("batched", calls("b", 100))
+        await run({"batched": {"endpoints": [{"url": receiver.url, "rate_limit": 10}], "batch_size": 5}}, 4.0)
+    arrivals = [request.at for request in receiver.requests]
+    # 20 requests of 5 messages at 10/s: about two seconds (a slot per message would take ten, none would send all
+    # 20 requests in the first second).
+    assert states() == {DELIVERED: 100}
+    assert sorted(len(json.loads(request.body)) for request in receiver.requests) == [5] * 20
+    assert most_in_a_second(arrivals) <= 11, sorted(arrivals)
+    assert max(arrivals) - min(arrivals) >= 19 / 10 - 0.1
+
+
+async def test_retry_after_pauses_the_endpoint_for_every_message(fast_settings: str) -> None:
+    with Receiver(script=[{"status": 429, "headers": {"Retry-After": "2"}}]) as receiver:
+        enqueue("paused", calls("p", 1))
+        blocks = {"paused": {"endpoints": [{"url": receiver.url}]}}
+        await run(blocks, 0.5)
+        answered_at = receiver.requests[0].at
+        enqueue("paused", calls("q", 10))
+        await run(blocks, 3.5)
+    later = [request.at for request in receiver.requests[1:]]
+    assert len(later) == 11 and states() == {DELIVERED: 11}
+    # Nothing reached the endpoint during the two seconds it asked for (messages queued after the 429 included).
+    assert min(later) >= answered_at + 2.0 - 0.05
+
+
+async def test_after_a_circuit_closes_the_backlog_ramps_up(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"RETRY_BASE_DELAY": "30", "CIRCUIT_FAILURE_THRESHOLD": "2", "CIRCUIT_COOLDOWN_SECONDS": "1",
+                        "RAMP_UP_START_RATE": "5", "RAMP_UP_SECONDS": "6"}.items():
+        monkeypatch.setenv(f"PREFECT_WEBHOOKS_{name}", value)
+    get_settings.cache_clear()
+    with Receiver(script=[503] * 3) as receiver:
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender)
+            context.destinations.remember("ramp", WebhookDestination(endpoints=[{"url": receiver.url}]))
+            enqueue("ramp", calls("r", 3))
+            await deliver_due(DeliveryOptions(run_for_seconds=0.5, idle_sleep=0.1), context=context)
+            # The circuit is open: the backlog waits for its backoff until a probe gets through.
+            enqueue("ramp", calls("s", 100))
+            await deliver_due(DeliveryOptions(run_for_seconds=7.0, idle_sleep=0.1), context=context)
+    successes = sorted(request.at for request in receiver.requests[3:])
+    assert states() == {DELIVERED: 103}
+    # The probe's success brings the whole backlog forward; the ramp lets about 5/s, doubling each second, through
+    # at first instead of all 103 at once.
+    first_second = [at for at in successes if at < successes[0] + 1.0]
+    assert len(first_second) <= 12, len(first_second)
+
+
+async def test_waiting_for_budget_does_not_count_against_the_retry_deadline(fast_settings: str) -> None:
+    with Receiver() as receiver:
+        enqueue("slow", calls("s", 30))
+        hour_ago = store_now() - timedelta(hours=1)
+        with get_engine().begin() as connection:
+            connection.execute(update(OUTBOX).values(attempts=1, first_attempt_at=hour_ago))
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender)
+            context.destinations.remember("slow", WebhookDestination(
+                endpoints=[{"url": receiver.url, "rate_limit": 10}]))
+            rows = claim_due_deliveries(get_engine(), 100, context.owner)
+            await process_batch(ClaimedBatch(rows), context)
+    with get_engine().connect() as connection:
+        parked = connection.execute(select(OUTBOX).where(OUTBOX.c.reason.startswith(THROTTLED_REASON))).all()
+    # 11 slots within the horizon were sent; the other 19 wait, each deadline moved by its wait.
+    assert len(receiver.requests) == 11 and len(parked) == 19
+    for row in parked:
+        waited = row.next_attempt_at - store_now()
+        assert row.first_attempt_at - hour_ago == pytest.approx(waited, abs=timedelta(seconds=1.5))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_serve_processes_on_postgresql_keep_the_sum_within_the_limit(
+    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import _fresh_postgres_database, postgres_server
+    from tests.servers import free_port, save_source
+    from tests.serving.test_delivery_worker import post_calls, service_env
+    from tests.serving.test_service import running_service
+
+    url = _fresh_postgres_database(postgres_server())
+    monkeypatch.setenv("PREFECT_WEBHOOKS_DATABASE_URL", url)
+    get_settings.cache_clear()
+    ports = [free_port(), free_port()]
+    with Receiver() as receiver:
+        WebhookDestination(endpoints=[{"url": receiver.url, "rate_limit": 10}]).save("limited-10", overwrite=True)
+        save_source("limited-source", "wk_limited", ["limited-10"])
+        env = service_env(url, tmp_path)
+        with running_service(env, ports[0], tmp_path / "a.log"), running_service(env, ports[1], tmp_path / "b.log"):
+            for port in ports:
+                post_calls(port, "wk_limited", [{"type": "track", "userId": f"u{port}-{n}", "event": "E"}
+                                                for n in range(60)])
+            receiver.wait_for(120, timeout=120)
+    arrivals = [request.at for request in receiver.requests]
+    print(f"\n120 messages via two serve processes at 10/s: {max(arrivals) - min(arrivals):.1f} s, "
+          f"most in one second {most_in_a_second(arrivals)}")
+    assert len(arrivals) == 120
+    assert most_in_a_second(arrivals) <= 11
+    assert max(arrivals) - min(arrivals) >= 119 / 10 - 0.2

@@ -14,6 +14,19 @@ from prefect_webhooks.store.engines import dispose_engines, get_engine
 from tests.receivers import Receiver
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A home folder of the session's own (the local copy of blocks is written there), unless the run sets one."""
+    if "PREFECT_WEBHOOKS_HOME" in os.environ:
+        yield
+        return
+    os.environ["PREFECT_WEBHOOKS_HOME"] = str(tmp_path_factory.mktemp("home"))
+    get_settings.cache_clear()
+    yield
+    os.environ.pop("PREFECT_WEBHOOKS_HOME", None)
+    get_settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """A real Prefect API (temporary SQLite database), started once per session (~9 s)."""

@@ -17,7 +17,9 @@ processes. Rows a stopped delivery process had claimed are released at once (the
 host, is gone), so they are pending again; if the supervisor itself is killed, the leases expire after
 ``lease_seconds`` and the rows return to pending all the same.
 
-If one child dies, the others are stopped too and the service exits non-zero, so a process manager restarts them.
+If the ingest API or a delivery worker dies, the others are stopped too and the service exits non-zero, so a process
+manager restarts them. The runner is started again instead (``serving.restarts``): on some Prefect releases it exits
+when the Prefect API cannot be reached, and ingest and delivery must go on meanwhile.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psutil
+
+from prefect_webhooks.serving.restarts import Restarts
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -130,6 +134,8 @@ class Child:
     terminate_descendants_first: bool = False
     # Added to the child's nice value: parts that are not on the path of a message yield the CPU to those that are.
     niceness: int = 0
+    # Started again when it exits (the runner), instead of stopping the service.
+    restarts: Restarts | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Child:
@@ -381,6 +387,7 @@ def serve(
             stop_signal=signal.SIGINT,
             terminate_descendants_first=True,
             niceness=RUNNER_NICENESS,
+            restarts=Restarts(),
         ).start()
         children.append(runner)
         stages.append(runner)
@@ -388,6 +395,10 @@ def serve(
               "deployments served", flush=True)
         while not stop.wait(0.5):
             dead = [child for child in children if not child.running()]
+            for child in dead:
+                if child.restarts is not None:
+                    child.restarts.tend(child)
+            dead = [child for child in dead if child.restarts is None]
             if dead:
                 print(f"prefect-webhooks serve: {dead[0].name} exited; stopping", file=sys.stderr, flush=True)
                 exit_code = 1

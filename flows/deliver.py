@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -74,9 +75,8 @@ def run_artifacts(stats: DeliveryStats) -> list[TableArtifact]:
     return artifacts
 
 
-async def publish_artifacts(stats: DeliveryStats, flow_run_id: UUID | None = None) -> int:
+async def publish_artifacts(artifacts: Sequence[TableArtifact], flow_run_id: UUID | None = None) -> int:
     """Publish a run's artifacts (``run_artifacts``) for ``flow_run_id``, the current run by default."""
-    artifacts = run_artifacts(stats)
     flow_run_id = flow_run_id or get_task_and_flow_run_ids()[1]
     async with get_client() as client:
         for artifact in artifacts:
@@ -90,7 +90,7 @@ async def record_run(stats: DeliveryStats) -> bool:
     """Publish the run's artifacts, unless the Prefect API cannot be reached: then a delivery worker publishes them
     on its return, and elsewhere they are logged as not recorded. Returns whether they were published."""
     try:
-        await prefect_api().call(lambda: publish_artifacts(stats), wait=ARTIFACTS_WAIT_SECONDS)
+        await prefect_api().call(lambda: publish_artifacts(run_artifacts(stats)), wait=ARTIFACTS_WAIT_SECONDS)
         return True
     except PrefectApiUnavailable:
         pass

@@ -15,10 +15,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -28,7 +30,11 @@ from tests.servers import free_port
 
 
 class ApiSwitch:
-    """A switchable forwarder to a Prefect API; ``url`` is its API URL."""
+    """A switchable forwarder to a Prefect API, in a thread and event loop of its own; ``url`` is its API URL.
+
+    Its own loop: the code under test may block its loop while a thread of Prefect's reaches the API (the flow
+    engine's observers do), which a forwarder in the same loop would turn into a deadlock.
+    """
 
     def __init__(self, target_url: str) -> None:
         target = urlsplit(target_url)
@@ -38,26 +44,44 @@ class ApiSwitch:
         self.server: asyncio.AbstractServer | None = None
         self.hanging = False
         self.connections: set[asyncio.StreamWriter] = set()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
 
-    async def up(self) -> None:
+    def _do(self, coroutine: Any) -> None:
+        asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)
+
+    def up(self) -> None:
         """Forward connections to the API."""
+        self._do(self._up())
+
+    def down(self) -> None:
+        """Refuse connections and drop the open ones (a killed server)."""
+        self._do(self._down())
+
+    def hang(self) -> None:
+        """Accept connections and requests, answer nothing (open connections stop answering too)."""
+        self._do(self._up())
+        self.hanging = True
+
+    def close(self) -> None:
+        """Stop the forwarder and its thread."""
+        self._do(self._down())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    async def _up(self) -> None:
         self.hanging = False
         if self.server is None:
             self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
-    async def down(self) -> None:
-        """Refuse connections and drop the open ones (a killed server)."""
+    async def _down(self) -> None:
         if self.server is not None:
             self.server.close()
             self.server = None
         for writer in list(self.connections):
             writer.transport.abort()
         self.connections.clear()
-
-    async def hang(self) -> None:
-        """Accept connections and requests, answer nothing (open connections stop answering too)."""
-        await self.up()
-        self.hanging = True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections.add(writer)
@@ -86,16 +110,23 @@ class ApiSwitch:
             writer.transport.abort()
 
 
-@contextlib.asynccontextmanager
-async def switched_api() -> Iterator[ApiSwitch]:
+@contextmanager
+def switched_api() -> Iterator[ApiSwitch]:
     """The session's Prefect API behind an ``ApiSwitch`` (up), set as ``PREFECT_API_URL`` for the block."""
+    from prefect.events.worker import EventsWorker
+
     switch = ApiSwitch(PREFECT_API_URL.value())
-    await switch.up()
+    switch.up()
     try:
         with temporary_settings(updates={PREFECT_API_URL: switch.url}):
             yield switch
     finally:
-        await switch.down()
+        # Events sent to the forwarder's address go out while it still forwards (else the session's end waits for
+        # them to give up, a minute).
+        switch.up()
+        with contextlib.suppress(Exception):
+            EventsWorker.drain_all(timeout=15)
+        switch.close()
 
 
 class PrefectServer:

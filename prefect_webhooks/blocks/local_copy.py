@@ -87,6 +87,18 @@ class LocalCopy:
         if changes:
             self._rewrite(lambda entries: {**entries, **changes})
 
+    def take(self, name: str) -> dict[str, Any] | None:
+        """Remove the entry ``name`` and return it; None when it is not there (another process took it)."""
+        taken: list[dict[str, Any]] = []
+
+        def without(entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+            if name in entries:
+                taken.append(entries.pop(name))
+            return entries
+
+        self._rewrite(without)
+        return taken[0] if taken else None
+
     def replace(self, entries: Mapping[str, dict[str, Any]]) -> None:
         """Make the copy hold exactly ``entries`` (rewritten only when that changes something)."""
         self._rewrite(lambda _entries: dict(entries))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -68,6 +69,7 @@ from prefect_webhooks.serving.run_records import RunRecords
 from prefect_webhooks.serving.shifts import (
     RunningShift,
     offline_options,
+    shift_seconds,
     start_flow_run_shift,
     start_offline_shift,
 )
@@ -84,20 +86,6 @@ START_RETRY_SECONDS = 5.0
 REGISTRATION_WAIT_SECONDS = 10.0
 # At exit, how long what waited for the Prefect API may take to be recorded.
 RECORD_AT_EXIT_SECONDS = 10.0
-
-
-def shift_seconds(definition: dict[str, Any], poll_seconds: float) -> float:
-    """How long a shift lasts when no scheduled run takes over: one poll after the schedule's interval, so a
-    scheduled run normally comes first; without an interval schedule, four fifths of the run's ``run_for_seconds``."""
-    intervals = [float(schedule["interval"]) for schedule in definition.get("schedules") or []
-                 if schedule.get("interval") and schedule.get("active", True)]
-    if intervals:
-        return min(intervals) + poll_seconds
-    run_for = (definition.get("parameters") or {}).get("run_for_seconds")
-    if not run_for:
-        raise ValueError(f"deliver/{DELIVER_DEPLOYMENT} needs an interval schedule or run_for_seconds to run in a "
-                         "delivery worker (a run without run_for_seconds stops once nothing is due)")
-    return float(run_for) * 0.8
 
 
 def register_deliver_deployment(definition: dict[str, Any]) -> UUID:
@@ -130,6 +118,7 @@ class DeliveryWorker:
             self.records = RunRecords(self.api, dict(self.definition.get("parameters") or {}))
             self.api.on_back(self._settle_records)
             registering = self._register()
+            settling: asyncio.Future[None] = asyncio.ensure_future(asyncio.sleep(0))
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(registering), REGISTRATION_WAIT_SECONDS)
             # Everything loaded so far lives as long as the process: out of the collector's way (a third of the CPU
@@ -142,6 +131,8 @@ class DeliveryWorker:
                 now = time.monotonic()
                 if registering.done() and self.deployment_id is None:
                     registering = self._register()
+                if self.records.waiting and self.api.reachable and self.deployment_id and settling.done():
+                    settling = asyncio.ensure_future(self._settle_records())
                 if current is not None and current.task.done():
                     # The run ended on its own (an error, a cancellation): start the next now.
                     current, next_shift = None, now
@@ -169,6 +160,7 @@ class DeliveryWorker:
                     if waiting is not (current.task if current else None):
                         waiting.cancel()
             registering.cancel()
+            settling.cancel()
             self.records.cancel_sweeps()
             await self._end_all()
             if self.records.waiting and self.api.reachable:
@@ -200,8 +192,6 @@ class DeliveryWorker:
                 return
             logger.info("deliver/%s registered (%.1f s of CPU used by this process)", DELIVER_DEPLOYMENT,
                         time.process_time())
-            if self.records.waiting:
-                await self._settle_records()
 
         return asyncio.ensure_future(register())
 
@@ -322,19 +312,29 @@ class DeliveryWorker:
         return taken
 
     async def _end_all(self, grace: float | None = None) -> None:
-        """Stop every shift claiming and wait for them to finish their batches and complete."""
+        """Stop every shift claiming and wait for them to finish their batches and complete.
+
+        While the Prefect API is down a run whose flow has returned only waits to report its end: it is not waited
+        for (the run records keep it for the API's return).
+        """
         shifts = [*self.runs.values(), *([self.offline] if self.offline else [])]
         for running in shifts:
             running.shift.handed_over.set()
-        tasks = [running.task for running in shifts]
-        if tasks:
-            # A batch in flight needs at most one request timeout, its record and the run's artifacts.
-            grace = grace if grace is not None else self.settings.delivery.request_timeout * 2 + 10
-            _done, late = await asyncio.wait(tasks, timeout=grace)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=5)
+        # A batch in flight needs at most one request timeout, its record and the run's artifacts.
+        deadline = time.monotonic() + (grace if grace is not None else self.settings.delivery.request_timeout * 2 + 10)
+        pending = {running.task: running for running in shifts}
+        while pending and time.monotonic() < deadline:
+            done, _ = await asyncio.wait(pending, timeout=0.2)
+            for task in done:
+                del pending[task]
+            for task, running in list(pending.items()):
+                if not self.api.reachable and running.shift.unrecorded is not None:
+                    task.cancel()
+                    del pending[task]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
 
 
 async def _main(worker: DeliveryWorker, stop_requested: threading.Event) -> None:
@@ -379,7 +379,8 @@ def main() -> None:
     def request_stop(_signum: int, _frame: Any) -> None:
         stop_requested.set()
         if worker.loop is not None:
-            worker.loop.call_soon_threadsafe(worker.stop)
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                worker.loop.call_soon_threadsafe(worker.stop)
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
@@ -389,6 +390,13 @@ def main() -> None:
         thread.join(0.5)
     if errors:
         raise errors[0]
+    if getattr(worker, "api", None) is not None and not worker.api.reachable:
+        # Prefect's client would spend minutes at exit trying to send the events it holds (task-run states, failure
+        # events) to an API that does not answer: everything of ours is committed, so exit now.
+        logger.warning("exiting while the Prefect API cannot be reached: the events Prefect's client still holds "
+                       "(task-run states, delivery failure events) are not sent; the store has every outcome")
+        logging.shutdown()
+        os._exit(0)
 
 
 if __name__ == "__main__":

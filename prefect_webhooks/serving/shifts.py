@@ -22,9 +22,24 @@ from prefect.flow_engine import run_flow
 
 from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, Sender, Shift, current_shift, deliver_due
 from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT
 from prefect_webhooks.flows.deliver import deliver
 
 logger = logging.getLogger("prefect_webhooks.serving.delivery_worker")
+
+
+def shift_seconds(definition: dict[str, Any], poll_seconds: float) -> float:
+    """How long a shift lasts when no scheduled run takes over: one poll after the schedule's interval, so a
+    scheduled run normally comes first; without an interval schedule, four fifths of the run's ``run_for_seconds``."""
+    intervals = [float(schedule["interval"]) for schedule in definition.get("schedules") or []
+                 if schedule.get("interval") and schedule.get("active", True)]
+    if intervals:
+        return min(intervals) + poll_seconds
+    run_for = (definition.get("parameters") or {}).get("run_for_seconds")
+    if not run_for:
+        raise ValueError(f"deliver/{DELIVER_DEPLOYMENT} needs an interval schedule or run_for_seconds to run in a "
+                         "delivery worker (a run without run_for_seconds stops once nothing is due)")
+    return float(run_for) * 0.8
 
 
 @dataclass(eq=False)

@@ -52,9 +52,9 @@ async def test_a_refused_api_is_marked_down_and_then_not_called_at_all(prefect_h
 
 async def test_a_hung_api_costs_a_caller_at_most_the_wait(prefect_harness: None) -> None:
     api = PrefectApi(wait_seconds=0.5, probe_seconds=30)
-    async with switched_api() as switch:
+    with switched_api() as switch:
         await api.call(health)
-        await switch.hang()
+        switch.hang()
         started = time.monotonic()
         with pytest.raises(PrefectApiUnavailable):
             await api.call(health)
@@ -70,14 +70,14 @@ async def test_the_probe_finds_the_api_back_and_runs_what_waited(prefect_harness
         back.set()
 
     api.on_back(record)
-    async with switched_api() as switch:
-        await switch.down()
+    with switched_api() as switch:
+        switch.down()
         with pytest.raises(PrefectApiUnavailable):
             await api.call(health)
         await asyncio.sleep(0.5)
         assert not api.reachable and not back.is_set()
         # The server is back on the same address: the probe sees it and the waiting work runs.
-        await switch.up()
+        switch.up()
         await asyncio.wait_for(back.wait(), 10)
         assert api.reachable and api.outages == 1
         await api.call(health)

@@ -36,30 +36,30 @@ async def test_while_the_api_is_down_batches_use_the_block_they_have_without_wai
     prefect_harness: None, home: Path
 ) -> None:
     await asyncio.to_thread(save_destination, "outage-stale", ["https://example.com/hook"], shared_secret=SECRET)
-    async with switched_api() as switch:
+    with switched_api() as switch:
         cache = DestinationCache(ttl=0)  # every get is due a reload
         loaded = await cache.get("outage-stale")
         for fault in (switch.down, switch.hang):
-            await fault()
+            fault()
             started = time.monotonic()
             for _ in range(20):
                 assert await cache.get("outage-stale") == loaded
             # The first get waits at most api_wait_seconds; the others not at all (the API is known to be down).
             assert time.monotonic() - started < 1.2
-            await switch.up()
+            switch.up()
 
 
 async def test_a_process_started_during_an_outage_takes_its_blocks_from_the_local_copy(
     prefect_harness: None, home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     await asyncio.to_thread(save_destination, "outage-copied", ["https://example.com/hook"], shared_secret=SECRET)
-    async with switched_api() as switch:
+    with switched_api() as switch:
         loaded = await DestinationCache().get("outage-copied")
         copy = LocalCopy("destinations")
         assert copy.path == home / "local-copy" / "destinations.json"
         assert stat.S_IMODE(copy.path.stat().st_mode) == 0o600
         assert copy.read()["outage-copied"]["shared_secret"] == SECRET  # sending needs it
-        await switch.down()
+        switch.down()
         with caplog.at_level(logging.WARNING):
             started = time.monotonic()
             cold = await DestinationCache().get("outage-copied")
@@ -74,8 +74,8 @@ async def test_without_any_copy_the_rows_wait_instead_of_the_batch(
     monkeypatch.setenv("PREFECT_WEBHOOKS_LOCAL_COPY", "false")
     get_settings.cache_clear()
     await asyncio.to_thread(save_destination, "outage-uncopied", ["https://example.com/hook"])
-    async with switched_api() as switch:
-        await switch.hang()
+    with switched_api() as switch:
+        switch.hang()
         started = time.monotonic()
         with pytest.raises(DestinationUnavailable, match="no local copy"):
             await DestinationCache().get("outage-uncopied")

@@ -39,20 +39,21 @@ async def test_a_batch_whose_lease_lapsed_while_it_waited_for_prefect_sends_noth
     enqueue("fence-dest", [track(n) for n in range(20)])
     with Receiver() as receiver:
         await asyncio.to_thread(save_destination, "fence-dest", [receiver.url])
-        async with switched_api() as switch, Sender() as sender:
-            waiting = DestinationCache(ttl=0)
-            await waiting.get("fence-dest")  # loaded once: every later batch reloads it first
-            first = DeliveryContext(get_engine(), sender, owner="first", destinations=waiting)
-            rows = claim_due_deliveries(get_engine(), 100, "first", lease_seconds=0.3)
-            assert len(rows) == 20
-            await switch.hang()
-            # The first batch waits up to api_wait_seconds for the block; its 0.3 s lease lapses meanwhile.
-            held_up = asyncio.ensure_future(process_batch(ClaimedBatch(rows), first))
-            await asyncio.sleep(0.5)
-            other = DeliveryContext(get_engine(), sender, owner="other")
-            other.destinations.remember("fence-dest", destination(receiver.url))
-            taken_over = await deliver_due(DeliveryOptions(), context=other)
-            late = await held_up
+        with switched_api() as switch:
+            async with Sender() as sender:
+                waiting = DestinationCache(ttl=0)
+                await waiting.get("fence-dest")  # loaded once: every later batch reloads it first
+                first = DeliveryContext(get_engine(), sender, owner="first", destinations=waiting)
+                rows = claim_due_deliveries(get_engine(), 100, "first", lease_seconds=0.3)
+                assert len(rows) == 20
+                switch.hang()
+                # The first batch waits up to api_wait_seconds for the block; its 0.3 s lease lapses meanwhile.
+                held_up = asyncio.ensure_future(process_batch(ClaimedBatch(rows), first))
+                await asyncio.sleep(0.5)
+                other = DeliveryContext(get_engine(), sender, owner="other")
+                other.destinations.remember("fence-dest", destination(receiver.url))
+                taken_over = await deliver_due(DeliveryOptions(), context=other)
+                late = await held_up
         received = Counter(orjson.loads(request.body)["properties"]["n"] for request in receiver.requests)
     assert taken_over.delivered == 20
     assert late.delivered == 0 and late.rescheduled == 0

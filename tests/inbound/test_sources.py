@@ -182,11 +182,11 @@ async def test_during_an_outage_known_keys_pass_and_unknown_ones_are_asked_again
     get_settings.cache_clear()
     key = f"wk_outage_{uuid.uuid4().hex}"
     await aregister_source(f"outage-{key[-8:]}", Source(write_key=key, destinations=["crm"]))
-    async with switched_api() as switch:
+    with switched_api() as switch:
         warm = SourceRegistry(cache_seconds=0, unknown_key_refresh_seconds=0)
         assert (await warm.lookup(key)).destinations == ("crm",)
         assert await warm.lookup("wk_never_saved") is None  # Prefect answered: really unknown (401)
-        await switch.down()
+        switch.down()
         # A warm registry and one started during the outage (from the local copy) answer alike, within a second.
         cold = SourceRegistry(cache_seconds=0, unknown_key_refresh_seconds=0)
         started = time.monotonic()
@@ -196,7 +196,7 @@ async def test_during_an_outage_known_keys_pass_and_unknown_ones_are_asked_again
                 await registry.lookup("wk_saved_since_perhaps")
         assert time.monotonic() - started < 3
         # Once the probe sees Prefect again, an unknown key is unknown for good (401).
-        await switch.up()
+        switch.up()
         await asyncio.sleep(1)
         assert await SourceRegistry(cache_seconds=0).lookup("wk_never_saved") is None
 
@@ -208,8 +208,8 @@ async def test_an_ingest_api_started_during_an_outage_answers_known_keys_200_and
     await aregister_source(f"api-{key[-8:]}", Source(write_key=key, destinations=["crm"]))
     await SourceRegistry(cache_seconds=0).refresh()  # another ingest process of this host read the sources once
     call = {"batch": [{"type": "track", "userId": "u1", "event": "Outage", "messageId": uuid.uuid4().hex}]}
-    async with switched_api() as switch:
-        await switch.down()
+    with switched_api() as switch:
+        switch.down()
         with ingest_api_process(store_url, prefect_api_url=switch.url,
                                 env={"PREFECT_WEBHOOKS_HOME": str(tmp_path)}) as server:
             async with httpx.AsyncClient(timeout=30) as http:

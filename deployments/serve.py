@@ -249,7 +249,9 @@ def main(
     deployments = build_deployments(deliver=deliver)
     wait_for_api()
     settle_missed_runs(deployments)
-    restart_when_unreachable()
+    if not deliver:
+        # Not while it runs deliver/continuous itself (no delivery workers): its runs deliver through an outage.
+        restart_when_unreachable()
     serve(*deployments, limit=limit, print_starting_message=False)
 
 

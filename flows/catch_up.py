@@ -75,14 +75,27 @@ def _runs_of_deployment(flow_run: FlowRun, states: list[StateType], after: datet
             sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
 
 
+def _taken_at(client: Any, flow_run: FlowRun) -> datetime:
+    """When a runner or worker took the run (its last ``Pending`` state); now when that cannot be told."""
+    pending = [state.timestamp for state in client.read_flow_run_states(flow_run.id) if state.is_pending()]
+    return max(pending) if pending else datetime.now(timezone.utc)
+
+
 def later_due_run() -> FlowRun | None:
-    """In an auto-scheduled deployment run: a later scheduled run of the same deployment that is already due and
-    not finished (it covers this run's slot); None otherwise, also when Prefect cannot be asked."""
+    """In an auto-scheduled deployment run: a later scheduled run of the same deployment, not finished, that was
+    already due when this run was taken (taken together after an outage: it covers this run's slot); None otherwise,
+    also when Prefect cannot be asked.
+
+    A later run that fell due only after this one was taken (a schedule shorter than a run's start) does not count:
+    each run would otherwise give way to the next one and none would run.
+    """
     flow_run = _scheduled_run()
     if flow_run is None:
         return None
     try:
-        later = _runs_of_deployment(flow_run, _NOT_FINISHED, _slot(flow_run), datetime.now(timezone.utc))
+        with get_client(sync_client=True) as client:
+            taken_at = _taken_at(client, flow_run)
+        later = _runs_of_deployment(flow_run, _NOT_FINISHED, _slot(flow_run), taken_at)
     except Exception as exc:
         logger.warning("could not check for a later due run (%s): this run goes ahead", type(exc).__name__)
         return None

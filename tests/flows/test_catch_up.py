@@ -84,3 +84,15 @@ def test_a_run_started_by_hand_always_goes_ahead(prefect_harness: None, store_ur
     assert state.is_completed()
     # It touched no scheduled run either.
     assert sorted(run.state.type.value for run in runs_of(deployment_id) if run.auto_scheduled) == ["SCHEDULED"] * 2
+
+
+def test_a_run_taken_before_the_next_slot_fell_due_goes_ahead(prefect_harness: None, store_url: str) -> None:
+    # A schedule shorter than a run's start: the next slot falls due while this run starts. It still runs (else
+    # every run would give way to the next and none would run).
+    deployment_id = every_ten_seconds("catch-up-slow-start")
+    asyncio.run(missed_runs(deployment_id, slots=2, every=10))
+    earlier, _later = runs_of(deployment_id)
+    asyncio.run(taken_long_ago(earlier.id))
+    state = run_flow(deletions, flow_run=earlier, return_type="state")
+    assert state.is_completed()
+    assert runs_of(deployment_id)[1].state.is_scheduled()

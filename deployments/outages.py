@@ -41,8 +41,8 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled, Crashed
 
-from prefect_webhooks.flows.catch_up import STUCK_PENDING_SECONDS, superseded_message
 from prefect_webhooks.settings import get_settings
+from prefect_webhooks.utilities.missed_runs import STUCK_PENDING_SECONDS, superseded_message
 
 logger = logging.getLogger("prefect_webhooks.deployments")
 

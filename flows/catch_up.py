@@ -36,18 +36,11 @@ from prefect.client.schemas.sorting import FlowRunSort
 from prefect.context import FlowRunContext
 from prefect.states import Cancelled, State
 
+from prefect_webhooks.utilities.missed_runs import STUCK_PENDING_SECONDS, superseded_message
+
 logger = logging.getLogger("prefect_webhooks.catch_up")
 
 _NOT_FINISHED = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
-# A run is Pending for the seconds its process takes to start; one Pending this long was taken during an outage and
-# will not start.
-STUCK_PENDING_SECONDS = 60.0
-
-
-def superseded_message(newer: FlowRun) -> str:
-    """The state message of a run that a newer scheduled run covers."""
-    return (f"Superseded: the later scheduled run {newer.name!r} was due too and covers this run's slot "
-            "(scheduled runs missed while Prefect was unreachable run once).")
 
 
 def _scheduled_run() -> FlowRun | None:

@@ -124,8 +124,10 @@ def switched_api() -> Iterator[ApiSwitch]:
         # Events sent to the forwarder's address go out while it still forwards (else the session's end waits for
         # them to give up, a minute).
         switch.up()
-        with contextlib.suppress(Exception):
-            EventsWorker.drain_all(timeout=15)
+        # From a thread: called where an event loop runs, drain_all returns a coroutine instead of waiting.
+        drainer = threading.Thread(target=EventsWorker.drain_all, kwargs={"timeout": 15}, daemon=True)
+        drainer.start()
+        drainer.join(20)
         switch.close()
 
 

@@ -1,6 +1,6 @@
 """Delivery throughput: N signed messages through the outbox to a local receiver, against a raw aiohttp loop.
 
-    .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow] [--variants]
+    .venv/bin/python bench/bench_delivery.py [--messages 20000] [--concurrency 64] [--flow] [--variants] [--batched]
 
 The receiver is nginx answering 200 (``../shared/bench/nginx-sink`` from the repository root), or a fast aiohttp
 server in another process when nginx cannot be started. In the same run it measures:
@@ -13,6 +13,9 @@ server in another process when nginx cannot be started. In the same run it measu
    flow run also pays for Prefect's client start-up); that cold run's figure is printed too.
 4. with ``--variants``: ``deliver_due`` again for a destination that also signs the Standard Webhooks way, and for
    one with three filter rules that every message passes (each rule evaluated, nothing dropped): what those cost.
+5. with ``--batched``: ``deliver_due`` for a destination with ``batch_size=100`` (one signed JSON array of 100
+   messages per request, each message's outcome and attempt still recorded), against 2. (one message per request)
+   to the same receiver.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# shared/ lies beside the repository (bench/nginx-sink there starts the nginx receiver).
-NGINX_SINK = ROOT.parent / "shared" / "bench" / "nginx-sink"
+# shared/ lies beside the repository, or beside the folder of its worktrees (bench/nginx-sink starts nginx).
+NGINX_SINK = next((folder / "shared" / "bench" / "nginx-sink" for folder in (ROOT.parent, ROOT.parent.parent)
+                   if (folder / "shared" / "bench" / "nginx-sink").exists()), ROOT.parent / "shared")
 AIOHTTP_SINK = """
 import sys
 from aiohttp import web
@@ -149,7 +153,7 @@ PASSING_FILTERS = [
 
 
 async def ours(
-    url: str, sink_url: str, payloads: list[dict], batch_size: int, parallel: int, **block_options: object
+    url: str, sink_url: str, payloads: list[dict], claim_size: int, parallel: int, **block_options: object
 ) -> tuple[float, float]:
     """End to end through the outbox with ``deliver_due`` (no Prefect); messages/s and CPU µs per message."""
     from prefect_webhooks.blocks.destination import WebhookDestination
@@ -164,7 +168,7 @@ async def ours(
         context = DeliveryContext(get_engine(url), sender)
         context.destinations.remember("bench", block)
         started, cpu = time.perf_counter(), time.process_time()
-        stats = await deliver_due(DeliveryOptions(batch_size=batch_size, parallel_batches=parallel), context=context)
+        stats = await deliver_due(DeliveryOptions(batch_size=claim_size, parallel_batches=parallel), context=context)
         rates = _rates(len(payloads), started, cpu)
     assert stats.delivered == len(payloads) == count_delivered(url), stats.summary()
     return rates
@@ -197,6 +201,9 @@ def main() -> None:
     parser.add_argument("--parallel-batches", type=int, default=2)
     parser.add_argument("--port", type=int, default=18931)
     parser.add_argument("--flow", action="store_true", help="also run the Prefect deliver flow (temporary server)")
+    parser.add_argument("--batched", action="store_true",
+                        help="also deliver_due to a destination sending batches of --batch-of messages per request")
+    parser.add_argument("--batch-of", type=int, default=100)
     parser.add_argument("--variants", action="store_true",
                         help="also deliver_due with Standard Webhooks signing, and with filter rules")
     args = parser.parse_args()
@@ -215,6 +222,12 @@ def main() -> None:
         rate, cpu = asyncio.run(ours(fresh_store(Path(folder), "plain.db"), sink.url, payloads, args.batch_size,
                                      args.parallel_batches))
         report("prefect-webhooks deliver_due (outbox)", rate, cpu, ceiling)
+        if args.batched:
+            one_per_request = rate
+            rate, cpu = asyncio.run(ours(fresh_store(Path(folder), "batched.db"), sink.url, payloads, args.batch_size,
+                                         args.parallel_batches, batch_size=args.batch_of))
+            report(f"deliver_due, batches of {args.batch_of} per request", rate, cpu, ceiling)
+            print(f"{'':42s} {rate / one_per_request:8.1f} x one message per request")
         if args.variants:
             from prefect_webhooks.signing.signatures import generate_secret
 

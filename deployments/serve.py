@@ -11,6 +11,8 @@ Deployments (``flow/deployment``) as shipped:
   delivery does not pause. ``prefect-webhooks serve`` leaves it out here (``--no-deliver``) and runs its runs in
   warm delivery workers instead (``prefect_webhooks.serving.delivery_worker``), with the same definition and schedule.
 - ``deletions/interval``: every 60 s; carries out requested deletions.
+- ``prune/retention``: every 300 s; a retention pass. ``prefect-webhooks serve`` leaves it out here (``--no-prune``)
+  and runs its passes in its pruner every ``PREFECT_WEBHOOKS_RETENTION_INTERVAL`` instead.
 - ``replay/on-demand``: no schedule; run it with parameters to put failed messages back to pending.
 - ``audience-sync/<name>``: one per entry of the audiences file, on that entry's cron.
 
@@ -44,6 +46,7 @@ from prefect_webhooks.settings import WebhooksSettings, get_settings
 DEFINITION_FILE = Path(__file__).with_name("prefect.yaml")
 DELIVER_DEPLOYMENT = "continuous"
 DELETIONS_DEPLOYMENT = "interval"
+PRUNE_ENTRYPOINT = "prefect_webhooks.flows.prune.prune"
 REPLAY_DEPLOYMENT = "on-demand"
 AUDIENCE_SYNC_ENTRYPOINT = "prefect_webhooks.flows.audience_sync.audience_sync"
 TAGS = ["prefect-webhooks"]
@@ -207,10 +210,14 @@ def deliver_definition(settings: WebhooksSettings | None = None) -> dict[str, An
     raise ValueError(f"{path}: no deployment named {DELIVER_DEPLOYMENT!r} (the delivery workers run it)")
 
 
-def build_deployments(settings: WebhooksSettings | None = None, *, deliver: bool = True) -> list[RunnerDeployment]:
+def build_deployments(
+    settings: WebhooksSettings | None = None, *, deliver: bool = True, prune: bool = True
+) -> list[RunnerDeployment]:
     """The deployments to serve: those of the deployments file, then one per entry of the audiences file.
 
     ``deliver=False`` leaves ``deliver/continuous`` out: the delivery workers of ``prefect-webhooks serve`` run it.
+    ``prune=False`` leaves out the deployments of the ``prune`` flow: ``serve``'s pruner runs a pass every
+    ``PREFECT_WEBHOOKS_RETENTION_INTERVAL`` in its own process.
 
     Raises:
         ValueError: when a setting that no longer applies is set (it would be silently ignored otherwise).
@@ -223,7 +230,8 @@ def build_deployments(settings: WebhooksSettings | None = None, *, deliver: bool
         )
     settings = settings or get_settings()
     entries = [entry for entry in load_definitions(deployments_path(settings))
-               if deliver or entry["name"] != DELIVER_DEPLOYMENT]
+               if (deliver or entry["name"] != DELIVER_DEPLOYMENT)
+               and (prune or entry["entrypoint"] != PRUNE_ENTRYPOINT)]
     entries += [audience_entry(audience) for audience in load_audience_schedules(audiences_path(settings))]
     return [served_deployment(entry) for entry in entries]
 
@@ -236,6 +244,10 @@ def main(
         bool,
         typer.Option(help="Serve deliver/continuous too; --no-deliver when delivery workers run it."),
     ] = True,
+    prune: Annotated[
+        bool,
+        typer.Option(help="Serve prune/retention too; --no-prune when serve's pruner runs the passes."),
+    ] = True,
 ) -> None:
     """Serve every deployment (deployments file and audiences file) until SIGTERM/SIGINT.
 
@@ -246,7 +258,7 @@ def main(
 
     from prefect_webhooks.deployments.outages import restart_when_unreachable, settle_missed_runs, wait_for_api
 
-    deployments = build_deployments(deliver=deliver)
+    deployments = build_deployments(deliver=deliver, prune=prune)
     wait_for_api()
     settle_missed_runs(deployments)
     if not deliver:

@@ -9,6 +9,7 @@ from prefect_webhooks.flows.audience_sync import audience_sync
 from prefect_webhooks.flows.deletions import deletions
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.flows.ingest import ingest
+from prefect_webhooks.flows.prune import prune
 from prefect_webhooks.flows.replay import replay
 
-__all__ = ["audience_sync", "deletions", "deliver", "ingest", "replay"]
+__all__ = ["audience_sync", "deletions", "deliver", "ingest", "prune", "replay"]

@@ -160,6 +160,66 @@ def status(
 
 
 @app.command()
+def prune(
+    store_only: Annotated[
+        bool,
+        typer.Option("--store-only", help="Prune the store alone: no flow run in Prefect, old Prefect runs kept "
+                     "(for a store whose Prefect server is away)."),
+    ] = False,
+) -> None:
+    """Run one retention pass now: messages past PREFECT_WEBHOOKS_RETENTION_DELIVERED / _FAILED (with their attempt
+    records), old messageIds, and prefect-webhooks' flow runs older than PREFECT_WEBHOOKS_RETENTION_RUNS."""
+    from prefect_webhooks.utilities.tables import table_text
+
+    if store_only:
+        from prefect_webhooks.store.retention import prune_store
+
+        report = prune_store()
+        if not report.skipped:
+            print(table_text(tuple(report.table()[0]), [tuple(row.values()) for row in report.table()]))
+        print(report.summary())
+        return
+    from prefect import tags
+
+    from prefect_webhooks.flows.old_runs import OUR_TAG
+    from prefect_webhooks.flows.prune import prune as prune_flow
+
+    with tags(OUR_TAG):
+        result = prune_flow()
+    print(table_text(("removed or measured", "count"), list(result.items())))
+
+
+@app.command()
+def preview(
+    destination: Annotated[str, typer.Argument(help="Name of the saved WebhookDestination block.")],
+    message: Annotated[
+        Path,
+        typer.Option(help="JSON file with one outbound message, or a list of them ('-': standard input).",
+                     allow_dash=True),
+    ],
+) -> None:
+    """Print the exact requests (method, URL, headers, signatures, body) a destination would make for a message,
+    without sending anything; secret header values are masked."""
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.blocks.saved import is_missing_block
+    from prefect_webhooks.delivery.preview import check_messages, preview_requests
+
+    try:
+        text = sys.stdin.read() if str(message) == "-" else message.read_text(encoding="utf-8")
+        messages = check_messages(json.loads(text))
+    except (OSError, ValueError) as exc:
+        print(f"preview: {message}: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    try:
+        block = WebhookDestination.load(destination)
+    except Exception as exc:
+        reason = "no such block" if is_missing_block(exc) else f"cannot be loaded ({type(exc).__name__})"
+        print(f"preview: WebhookDestination {destination!r}: {reason}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    print("\n\n".join(request.text() for request in preview_requests(block, messages)))
+
+
+@app.command()
 def demo(
     run_dir: Annotated[
         Path | None,
@@ -192,7 +252,7 @@ def rotate_secret(
     ] = False,
     window: Annotated[
         str,
-        typer.Option(help="How long the old secret stays valid: seconds, or 30m, 24h, 7d; 0 switches at once."),
+        typer.Option(help="How long the old secret stays valid: seconds, or 90s, 30m, 24h, 7d; 0 switches at once."),
     ] = "24h",
     force: Annotated[
         bool,
@@ -204,12 +264,13 @@ def rotate_secret(
     The secret is never a command-line argument (shell history, process lists): generate one, or read it from an
     environment variable or standard input.
     """
-    from prefect_webhooks.blocks.rotation import describe_rotation, parse_window, rotate_destination_secret
+    from prefect_webhooks.blocks.rotation import describe_rotation, rotate_destination_secret
+    from prefect_webhooks.utilities.durations import parse_duration
 
     if sum((generate, from_env is not None, from_stdin)) != 1:
         raise typer.BadParameter("give exactly one of --generate, --from-env or --from-stdin")
     try:
-        window_length = parse_window(window)
+        window_length = parse_duration(window)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--window") from None
     new_secret: str | None = None

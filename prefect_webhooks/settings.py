@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prefect_webhooks.utilities.durations import duration_seconds
 
 DEFAULT_HOME = Path.home() / ".prefect-webhooks"
 
@@ -50,6 +53,12 @@ class DeliverySettings(_SettingsGroup):
     retry_max_delay: float = Field(default=1800.0, gt=0, description="Largest retry delay in seconds.")
     task_retries: int = Field(
         default=2, ge=0, description="Retries of a delivery batch inside one flow run (Prefect task retries)."
+    )
+    task_run_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Batches a delivery process claims within this many seconds share one Prefect task run "
+        "(`deliver-batches`): at most one task run per this many seconds per process, whatever the rate.",
     )
     lease_seconds: float = Field(
         default=120.0, gt=0, description="How long a claim holds messages before another run may take them."
@@ -116,8 +125,11 @@ class IngestSettings(_SettingsGroup):
             "waits for the next reload, so a source saved just before it is found."
         ),
     )
-    dedupe_window_seconds: float = Field(
-        default=24 * 3600.0, gt=0, description="How long a messageId is remembered per source."
+    dedupe_window_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long a messageId is remembered per source; empty: as long as delivered messages are kept "
+        "(`PREFECT_WEBHOOKS_RETENTION_DELIVERED`, 24 h).",
     )
 
 
@@ -143,6 +155,36 @@ class ServeSettings(_SettingsGroup):
     audiences_file: str = Field(
         default="",
         description="YAML list of audience syncs to serve (name, cron, parameters); empty: `home`/audiences.yaml.",
+    )
+
+
+# Seconds, written in the environment as ``90``, ``90s``, ``15m``, ``24h`` or ``7d``.
+Duration = Annotated[float, BeforeValidator(duration_seconds)]
+
+
+class RetentionSettings(_SettingsGroup):
+    """How long the store and the Prefect server keep what delivery leaves behind, and how often it is pruned."""
+
+    retention_delivered: Duration = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="How long delivered and filtered messages, with their attempt records, are kept after they got "
+        "there (`90s`, `15m`, `24h`, `7d` or seconds).",
+    )
+    retention_failed: Duration = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="How long failed messages, with their attempt records, are kept after they failed: the window "
+        "`replay` can put them back in.",
+    )
+    retention_interval: Duration = Field(
+        default=300.0, gt=0, description="How often `serve` runs a pruning pass over the store."
+    )
+    retention_runs: Duration = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="How long the Prefect server keeps the finished flow runs (with their task runs, logs and "
+        "artifacts) of prefect-webhooks' own deployments and pruning passes, counted from their start.",
     )
 
 
@@ -175,9 +217,15 @@ class WebhooksSettings(BaseModel):
     ingest: IngestSettings = Field(default_factory=IngestSettings, description="The ingest API.")
     client: ClientSettings = Field(default_factory=ClientSettings, description="The Analytics client.")
     serve: ServeSettings = Field(default_factory=ServeSettings, description="What `serve` serves.")
+    retention: RetentionSettings = Field(default_factory=RetentionSettings, description="Retention and pruning.")
     outage: OutageSettings = Field(
         default_factory=OutageSettings, description="While the Prefect API cannot be reached."
     )
+
+    def dedupe_window(self) -> float:
+        """Seconds a messageId is remembered: the dedupe setting, or else the delivered messages' retention (what the
+        store keeps of a delivered message, its row, its attempts and its messageId, it keeps equally long)."""
+        return self.ingest.dedupe_window_seconds or self.retention.retention_delivered
 
     def resolved_endpoint(self) -> str:
         """The ingest API base URL clients send to."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,30 @@ def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     os.environ.pop("PREFECT_WEBHOOKS_HOME", None)
     get_settings.cache_clear()
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``PREFECT_WEBHOOKS_TEST_SHARD=K/N`` keeps the K-th of N shards of the collected tests. A shard holds whole
+    files, so tests that build on earlier ones in their file (the docs examples of tests/test_readme.py) stay
+    together; files go to the shard with the fewest tests so far, largest first. CI splits the fast suite of the
+    extra Python versions this way: both import every module (collection), and each test runs on one of them
+    besides 3.11."""
+    shard = os.environ.get("PREFECT_WEBHOOKS_TEST_SHARD")
+    if not shard:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    if not 1 <= index <= count:
+        raise pytest.UsageError(f"PREFECT_WEBHOOKS_TEST_SHARD={shard!r}: K/N with 1 <= K <= N")
+    tests_per_file = Counter(item.nodeid.split("::")[0] for item in items)
+    sizes = [0] * count
+    shard_of_file = {}
+    for path, size in sorted(tests_per_file.items(), key=lambda entry: (-entry[1], entry[0])):
+        lightest = sizes.index(min(sizes))
+        shard_of_file[path] = lightest
+        sizes[lightest] += size
+    kept, deselected = [], []
+    for item in items:
+        (kept if shard_of_file[item.nodeid.split("::")[0]] == index - 1 else deselected).append(item)
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from prefect_webhooks.cli import app, main
 from tests.docs_pages import page, section
 from tests.servers import free_port
 
-COMMANDS = ("ingest", "serve", "status", "demo")
+COMMANDS = ("ingest", "serve", "status", "prune", "demo", "preview")
 
 
 def _script() -> str:
@@ -128,3 +128,16 @@ def test_the_command_line_loads_without_prefect_or_settings() -> None:
     heavy = {"prefect", "httpx", "pydantic", "pydantic_settings", "sqlalchemy", "prefect_webhooks.settings"}
     assert "prefect_webhooks.cli" in loaded
     assert sorted(heavy.intersection(loaded)) == []
+
+
+def test_prune_store_only_prints_what_it_removed(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import enqueue
+
+    enqueue("crm", [{"type": "track", "userId": "u", "event": "E"}])
+    assert main(["prune", "--store-only"]) == 0
+    out = capsys.readouterr().out
+    # Nothing had ended yet: the pending message is kept, and the table says so.
+    assert "pending messages" in out and "pruned 0 delivered" in out
+    with get_engine().connect() as connection:
+        assert connection.exec_driver_sql("SELECT count(*) FROM outbox").scalar_one() == 1

@@ -78,7 +78,19 @@ def warehouse(directory: Path) -> None:
         connection.executemany("INSERT INTO big_spenders VALUES (?, ?)", [("u1", 1200.0), ("u2", 860.5)])
 
 
-SETUPS: dict[str, Callable[[Path], None]] = {"warehouse": warehouse}
+def certificates(directory: Path) -> None:
+    """Throwaway PEM files for the mutual TLS examples: a partner CA, a client and a server certificate it issued."""
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(directory / "partner-ca.pem"))
+    for name, identity in (("client", "sender@example.com"), ("server", "secure.example.com")):
+        issued = ca.issue_cert(identity)
+        (directory / f"{name}.pem").write_bytes(b"".join(pem.bytes() for pem in issued.cert_chain_pems))
+        issued.private_key_pem.write_to_path(str(directory / f"{name}.key"))
+
+
+SETUPS: dict[str, Callable[[Path], None]] = {"warehouse": warehouse, "certificates": certificates}
 
 
 @dataclass(frozen=True)

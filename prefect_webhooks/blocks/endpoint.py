@@ -1,13 +1,17 @@
-"""One webhook endpoint: its URL and the static headers sent with every request to it (values kept secret)."""
+"""One webhook endpoint: its URL, the static headers sent with every request to it (values kept secret), and what
+its receiver may ask for beyond the seed's POST: another method, a mapping of the body, a bearer token, OAuth2
+client credentials or a client certificate."""
 
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
 from prefect.types import SecretDict
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prefect_webhooks.blocks.endpoint_auth import ClientCertificate, EndpointAuth, check_url
+from prefect_webhooks.messages.mapping import compile_mapping
 from prefect_webhooks.signing.signatures import (
     IDEMPOTENCY_KEY_HEADER,
     WEBHOOK_ID_HEADER,
@@ -25,16 +29,6 @@ RESERVED_HEADERS = frozenset({
 })
 
 
-def check_url(url: str) -> str:
-    """A full ``http``/``https`` URL with a host, or ``ValueError`` saying what is missing."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"URL must start with http:// or https://, got scheme {parts.scheme or 'none'!r}")
-    if not parts.hostname:
-        raise ValueError("URL has no host")
-    return url.strip()
-
-
 class WebhookEndpoint(BaseModel):
     """One webhook URL and the static headers sent with every request to it."""
 
@@ -48,6 +42,18 @@ class WebhookEndpoint(BaseModel):
     headers: SecretDict = Field(
         default_factory=lambda: SecretDict({}),
         description="Static headers added to every request to this URL; values are kept secret.",
+    )
+    method: Literal["POST", "PUT", "PATCH"] = Field(default="POST", description="HTTP method of the requests.")
+    mapping: dict[str, Any] | None = Field(
+        default=None,
+        description="A template that builds the body from each message ({\"@path\": \"$.properties.x\"}, "
+        "constants, renames); the message as specified when unset.",
+    )
+    auth: EndpointAuth | None = Field(
+        default=None, description="A bearer token or OAuth2 client credentials sent in the Authorization header."
+    )
+    client_certificate: ClientCertificate | None = Field(
+        default=None, description="A client certificate and key presented to the server (mutual TLS)."
     )
 
     @field_validator("url")
@@ -70,6 +76,19 @@ class WebhookEndpoint(BaseModel):
                 # The value is a secret: say what is wrong without echoing it.
                 raise ValueError(f"header {name!r}: value contains a control character or line break")
         return value
+
+    @field_validator("mapping")
+    @classmethod
+    def _valid_mapping(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            compile_mapping(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> WebhookEndpoint:
+        if self.auth is not None and any(name.lower() == "authorization" for name in self.header_values()):
+            raise ValueError("headers: an Authorization header cannot be set next to auth, which sets it")
+        return self
 
     def header_values(self) -> dict[str, str]:
         """The static headers in the clear, for building a request."""

@@ -10,7 +10,6 @@ saved block.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -147,15 +146,3 @@ def describe_rotation(outcome: RotationOutcome) -> str:
         lines.append("New secret (shown once; give it to the receiver):")
         lines.append(outcome.new_secret.get_secret_value())
     return "\n".join(lines)
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_window(text: str) -> timedelta:
-    """A duration such as ``90``, ``90s``, ``30m``, ``24h`` or ``7d``."""
-    found = _DURATION.match(text)
-    if not found:
-        raise ValueError(f"not a duration: {text!r} (use seconds, or 30m, 24h, 7d)")
-    return timedelta(seconds=float(found.group(1)) * _UNIT_SECONDS[found.group(2)])

@@ -1,12 +1,14 @@
-"""Saving and loading blocks from async code on every supported Prefect release, and telling a missing block."""
+"""Saving and loading blocks from async code on every supported Prefect release, telling a missing block, and
+writing a list of models with secrets the way Prefect's own serialiser cannot."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from prefect.blocks.core import Block
 from prefect.exceptions import ObjectNotFound
+from pydantic import BaseModel
 
 BlockT = TypeVar("BlockT", bound=Block)
 
@@ -37,3 +39,22 @@ def is_missing_block(exc: BaseException) -> bool:
             return True
         cause = cause.__cause__
     return False
+
+
+def revealed(value: Any) -> Any:
+    """``value`` as plain data with every secret in the clear, for the block document a save writes.
+
+    Prefect's block serialiser walks a field holding secrets with a visitor that caches its results by ``id()`` of
+    temporaries it lets go: in a list of three or more models with secrets, a later item can be written as a copy
+    of an earlier one (a destination's third endpoint saved as its first). A block serialises such fields itself
+    with this instead.
+    """
+    if hasattr(value, "get_secret_value"):
+        return revealed(value.get_secret_value())
+    if isinstance(value, BaseModel):
+        return {name: revealed(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, (list, tuple)):
+        return [revealed(item) for item in value]
+    if isinstance(value, dict):
+        return {key: revealed(item) for key, item in value.items()}
+    return value

@@ -2,14 +2,18 @@
 
 What one request does, in one transaction (after the Source blocks have been read):
 
-1. Affected sources: the ones the request names, or else every source that has outbox rows for the user.
+1. Affected sources: the ones the request names, or else every source that sent events about the user (its outbox
+   rows, and ``user_sources`` for rows retention has removed). Retention keeps the rows of a user whose request
+   is still waiting to be processed.
 2. Purge, so delivery records keep no personal data:
    - delivered, failed and filtered rows of the user: ``body``, ``user_id`` and ``message_id`` set to NULL;
-   - pending rows of the user (not yet sent): dropped, i.e. ``failed`` with reason ``purged`` and the same NULLs,
-     because sending a deleted user's data after the deletion request would defeat it;
+   - pending rows of the user (not yet sent): dropped, i.e. ``failed`` with reason ``purged`` and the same NULLs
+     (counted in the failed totals), because sending a deleted user's data after the deletion request would
+     defeat it;
    - pending ``delete`` notifications (of an earlier request) are left alone: they are the one thing still owed;
    - the user's ``audience_state`` rows are deleted (a later audience sync treats the user as new, unless the
-     request also suppressed the user, in which case audience syncs leave the user out).
+     request also suppressed the user, in which case audience syncs leave the user out), and so are its
+     ``user_sources`` rows.
 3. One ``delete`` message (type, userId, timestamp; no version) per affected source and per WebhookDestination
    enabled on it, with ``source`` set; these rows keep ``user_id`` because their delivery needs it.
 4. With ``suppress=True``: a ``suppressed_users`` row per named source, or ``*`` (every source) when none was
@@ -22,11 +26,12 @@ no delete message. Known limit: an ``alias`` row whose *previous* id is the user
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from pydantic import BaseModel
-from sqlalchemy import and_, delete, not_, select, update
+from sqlalchemy import and_, delete, not_, select, union, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
@@ -43,13 +48,22 @@ from prefect_webhooks.deletions.requests import (
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
 from prefect_webhooks.messages.payloads import delete_payload
 from prefect_webhooks.messages.timestamps import utcnow
+from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store.tables import AudienceState, OutboxMessage, SuppressedUser, store_now, to_store_time
+from prefect_webhooks.store.tables import (
+    AudienceState,
+    OutboxMessage,
+    SuppressedUser,
+    UserSource,
+    store_now,
+    to_store_time,
+)
 
 OUTBOX = OutboxMessage.__table__
 SUPPRESSED = SuppressedUser.__table__
 STATE = AudienceState.__table__
+USER_SOURCES = UserSource.__table__
 
 
 class DeletionOutcome(BaseModel):
@@ -67,16 +81,13 @@ class DeletionOutcome(BaseModel):
 
 
 def sources_with_events(user_id: str, engine: Engine | None = None) -> list[str]:
-    """Every source that has outbox rows for the user (what an unscoped request notifies), sorted."""
+    """Every source that sent events about the user (what an unscoped request notifies), sorted: the sources of its
+    outbox rows, and those retention recorded in ``user_sources`` when it removed older rows."""
     engine = engine or get_engine()
-    statement = (
-        select(OUTBOX.c.source)
-        .where(OUTBOX.c.user_id == user_id, OUTBOX.c.source.is_not(None))
-        .distinct()
-        .order_by(OUTBOX.c.source)
-    )
+    kept = select(OUTBOX.c.source).where(OUTBOX.c.user_id == user_id, OUTBOX.c.source.is_not(None))
+    pruned = select(USER_SOURCES.c.source).where(USER_SOURCES.c.user_id == user_id)
     with engine.connect() as connection:
-        return [row[0] for row in connection.execute(statement)]
+        return sorted({row[0] for row in connection.execute(union(kept, pruned))})
 
 
 def affected_sources(request: PendingRequest, engine: Engine | None = None) -> list[str]:
@@ -94,17 +105,23 @@ def purge_user(connection: Connection, user_id: str, reason: str) -> tuple[int, 
     """
     owed = and_(OUTBOX.c.state == PENDING, OUTBOX.c.message_type == "delete")
     cleared = {"body": None, "user_id": None, "message_id": None}
-    dropped = connection.execute(
+    dropped_destinations = Counter(row[0] for row in connection.execute(
         update(OUTBOX)
         .where(OUTBOX.c.user_id == user_id, OUTBOX.c.state == PENDING, OUTBOX.c.message_type != "delete")
-        .values(state=FAILED, reason=reason, lease_owner=None, lease_expires_at=None, **cleared)
-    ).rowcount
+        .values(state=FAILED, reason=reason, next_attempt_at=store_now(), lease_owner=None, lease_expires_at=None,
+                **cleared)
+        .returning(OUTBOX.c.destination)
+    ))
+    # Dropped messages failed: they count as such, in this transaction.
+    add_outcomes(connection, {(destination, FAILED): count for destination, count in dropped_destinations.items()})
+    dropped = sum(dropped_destinations.values())
     purged = connection.execute(
         update(OUTBOX)
         .where(OUTBOX.c.user_id == user_id, OUTBOX.c.state.in_((DELIVERED, FAILED, FILTERED)), not_(owed))
         .values(**cleared)
     ).rowcount
     state_rows = connection.execute(delete(STATE).where(STATE.c.user_id == user_id)).rowcount
+    connection.execute(delete(USER_SOURCES).where(USER_SOURCES.c.user_id == user_id))
     return purged, dropped, state_rows
 
 

@@ -10,10 +10,10 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import DeletionRequest, store_now
+from prefect_webhooks.store.tables import DELETION_REQUESTED, DeletionRequest, store_now
 
 REQUESTS = DeletionRequest.__table__
-REQUESTED = "requested"
+REQUESTED = DELETION_REQUESTED
 COMPLETED = "completed"
 PURGED = "purged"
 EVERY_SOURCE = "*"

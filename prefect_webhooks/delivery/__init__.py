@@ -5,9 +5,14 @@ Read in this order:
 
 - ``claims``: ``deliver_due``, the claim loop, with its ``DeliveryOptions`` (and a delivery worker's ``Shift``).
 - ``batch``: one try of a claimed batch: send every message to every URL of its destination, decide, record.
-- ``task``: the same try as the Prefect task ``deliver-batch``, whose retries (from settings) resend what is left.
+- ``task``: the Prefect task ``deliver-batches`` (the batches of one window of ``task_run_seconds``), whose
+  retries (from settings) resend what is left.
 - ``decision``: what becomes of one message after its requests: delivered, retried when, or failed and why.
 - ``sender``: the process's one aiohttp session (keep-alive, at most ``delivery_concurrency`` in flight).
+- ``request_shape``: what one request to one endpoint carries: method, (mapped) body, headers and signatures.
+- ``batching``: messages of a destination with ``batch_size`` sent as signed arrays (``batch_bodies``: bodies, ids).
+- ``auth``: OAuth2 client credentials tokens, kept per process and refreshed.
+- ``preview``: the requests a destination would make for some messages, shown without sending.
 - ``context``: what the batches of a process share, and store calls that ride out a store restart.
 - ``stats``: what a run did, per endpoint (the ``deliver`` flow's artifacts).
 - ``destinations``: saved ``WebhookDestination`` blocks by name, with a short cache, resolved for sending.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from prefect_webhooks.delivery.batching import hold_for_batch_wait, retry_together, send_batched, take_batched
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
 from prefect_webhooks.delivery.decision import BatchWrites, decide
 from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
@@ -85,7 +86,7 @@ def _drop_filtered(
     """Take out the messages a destination filter drops: they end ``filtered`` with the rule as reason, unsent."""
     send, dropped = split_filtered(ready, lambda item: item[0].body, lambda item: item[1].filters)
     for (row, destination), reason in dropped:
-        writes.records.filtered.append(Filtered(row.id, reason))
+        writes.records.filtered.append(Filtered(row.id, reason, row.destination))
         key = (destination.name, reason)
         stats.filtered_by_rule[key] = stats.filtered_by_rule.get(key, 0) + 1
     return send
@@ -151,22 +152,28 @@ async def process_batch(
     if context.key_prefix is None:
         context.key_prefix = message_key_prefix(await store_call(settings, store_key, engine))
     prefix = context.key_prefix
+    ready, batched = take_batched(ready)
+    if batched:
+        batched = await hold_for_batch_wait(context, batched, prefix, now)
     # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
     # minutes): its leases are renewed while it sends, so no other run claims and sends them again meanwhile.
-    keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in ready]))
+    keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in (*ready, *batched)]))
     try:
-        results_by_row = await context.sender.send_all([(destination, row.body, f"{prefix}{row.id}")
-                                                        for row, destination in ready])
+        results_by_row, batched_results = await asyncio.gather(
+            context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready]),
+            send_batched(context, batched, prefix, writes))
     finally:
         keeper.cancel()
     finished = store_now()
     hold_until = None
     if hold_seconds is not None:
         hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.delivery.lease_seconds)
-    for (row, destination), results in zip(ready, results_by_row, strict=True):
+    for (row, destination), results in zip((*ready, *batched), (*results_by_row, *batched_results), strict=True):
         decide(row, results, writes, now=finished, hold_until=hold_until, owner=context.owner, settings=settings,
                sent_at=now)
-        context.stats.add_requests(destination.name, results)
+        if destination.batching is None:  # a batch's requests were counted as they were sent
+            context.stats.add_requests(destination.name, results)
+    retry_together(writes.records.rescheduled, batched)
     for row in deferred:
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
                                                       finished + timedelta(seconds=settings.delivery.retry_base_delay)))

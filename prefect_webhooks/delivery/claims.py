@@ -22,7 +22,7 @@ from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.delivery.sender import Sender, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats
-from prefect_webhooks.delivery.task import delivery_task
+from prefect_webhooks.delivery.task import TaskWindows
 from prefect_webhooks.messages.retry import RetryableDeliveryError
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
@@ -44,8 +44,9 @@ class DeliveryOptions:
         until_empty: In continuous mode, stop early once nothing is due and no batch is in flight.
         parallel_batches: Batches in flight at once (they share one HTTP session and its concurrency limit).
         idle_sleep: Continuous mode: seconds from a claim that was not full (or found nothing) to the next claim.
-        prefect_tasks: Run each batch as a Prefect task run (``deliver-batch``) whose retries resend what is left
-            within the run; otherwise one plain try, and retryable messages wait in the outbox for their backoff.
+        prefect_tasks: Run the batches as Prefect task runs (``deliver-batches``, one per ``task_run_seconds``)
+            whose retries resend what is left within the run; otherwise one plain try, and retryable messages wait
+            in the outbox for their backoff.
     """
 
     destination: str | None = None
@@ -113,7 +114,8 @@ async def deliver_due(
 
 
 async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> DeliveryStats:
-    run_batch = delivery_task(context.settings) if options.prefect_tasks else process_batch
+    windows = TaskWindows(context) if options.prefect_tasks else None
+    run_batch = windows.run if windows is not None else process_batch
     idle_sleep, parallel_batches, max_batches = options.idle_sleep, options.parallel_batches, options.max_batches
     size = options.batch_size or context.settings.delivery.claim_batch_size
     stop_at = time.monotonic() + options.run_for_seconds if options.run_for_seconds is not None else None
@@ -172,6 +174,8 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
         done, in_flight = await asyncio.wait(in_flight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for finished in done:
             _log_batch_failure(finished)
+    if windows is not None:
+        await windows.finish()
     return context.stats
 
 

@@ -37,7 +37,7 @@ class BatchWrites:
 
     def fail(self, row: Claimed, reason: str, attempts: int, first_attempt_at: datetime | None) -> None:
         """Mark ``row`` failed for good (an event is emitted once the batch is recorded)."""
-        self.records.failed.append(Failed(row.id, reason, attempts, first_attempt_at))
+        self.records.failed.append(Failed(row.id, reason, attempts, first_attempt_at, row.destination))
         self.failures.append((row, reason, attempts))
 
 
@@ -76,9 +76,8 @@ def decide(
     records = writes.records
     records.attempts.extend(Attempt(row.id, result.attempted_at, result.url, result.status, result.error,
                                     result.latency_ms, result.outcome) for result in results)
-    winner = next((result for result in results if result.outcome == DELIVERED), None)
-    if winner is not None:
-        records.delivered.append(Delivered(row.id, attempts, first_attempt_at, now, winner.url))
+    if any(result.outcome == DELIVERED for result in results):
+        records.delivered.append(Delivered(row.id, attempts, first_attempt_at, now, row.destination))
         return
     if not any(result.outcome == RETRY for result in results):
         writes.fail(row, f"permanent: {_reason(results, PERMANENT)}", attempts, first_attempt_at)

@@ -26,12 +26,11 @@ from prefect_webhooks.blocks.api_status import PrefectApi, PrefectApiUnavailable
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.local_copy import LocalCopy
 from prefect_webhooks.blocks.saved import is_missing_block, load_block
+from prefect_webhooks.delivery.batch_bodies import Batching, batching_of
 from prefect_webhooks.delivery.filters import Filters, compile_filters
+from prefect_webhooks.delivery.request_shape import Endpoint, endpoint_of
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner
-from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
-
-USER_AGENT = "prefect-webhooks/1.0"
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 
@@ -53,14 +52,6 @@ class InvalidDestination(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One URL ready to post to: the headers every request carries (static ones included)."""
-
-    url: str
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True, slots=True)
 class ResolvedDestination:
     """A destination block reduced to what sending needs."""
 
@@ -68,19 +59,16 @@ class ResolvedDestination:
     endpoints: tuple[Endpoint, ...]
     signer: MessageSigner
     filters: Filters | None = None
+    batching: Batching | None = None
 
 
 def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
-    """Prepare a loaded block for sending: fixed headers per endpoint, its signer (secrets in the clear), its
-    compiled filters."""
-    endpoints = []
-    for endpoint in block.endpoints:
-        headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
-        headers.update(endpoint.header_values())
-        headers.pop(SIGNATURE_HEADER, None)
-        endpoints.append(Endpoint(url=endpoint.url, headers=headers))
-    return ResolvedDestination(name=name, endpoints=tuple(endpoints), signer=MessageSigner.for_block(block),
-                               filters=compile_filters(block.filters))
+    """Prepare a loaded block for sending: each endpoint ready to send to (``request_shape``), its signer (secrets
+    in the clear), its compiled filters and its batching options."""
+    ca_file = get_settings().delivery.tls_ca_file or None
+    endpoints = tuple(endpoint_of(endpoint, ca_file) for endpoint in block.endpoints)
+    return ResolvedDestination(name=name, endpoints=endpoints, signer=MessageSigner.for_block(block),
+                               filters=compile_filters(block.filters), batching=batching_of(block))
 
 
 def _problems(error: ValidationError) -> str:

@@ -1,6 +1,7 @@
-"""The HTTP sender: one aiohttp session per delivering process, each message signed and posted to every URL.
+"""The HTTP sender: one aiohttp session per delivering process, each message signed and sent to every URL.
 
-``Sender.post`` makes one request and classifies what happened (``RequestResult``); ``send`` fans one message out to
+``Sender.post`` makes one request and classifies what happened (``RequestResult``); ``request`` sends one shaped
+request (``request_shape``) with its method, client certificate and OAuth2 token; ``send`` fans one message out to
 its destination's URLs; ``send_all`` sends a batch with a fixed set of workers.
 """
 
@@ -16,9 +17,11 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from prefect_webhooks.delivery.auth import TokenCache, TokenRequestError
 from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
 from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.network import BlockedAddressError, delivery_connector
+from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
 from prefect_webhooks.messages.outcomes import PERMANENT, RETRY
 from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
@@ -54,6 +57,8 @@ class RequestResult:
     error: str | None = None
     latency_ms: float = 0.0
     retry_after: str | None = None
+    body: bytes | None = None
+    """The response body, kept only when asked for (a token request)."""
 
     def summary(self) -> str:
         """The status or error, for a reason text."""
@@ -73,6 +78,7 @@ class Sender:
             cooldown=self.settings.delivery.circuit_cooldown_seconds,
             concurrency=min(self.settings.delivery.endpoint_concurrency, self.settings.delivery.delivery_concurrency),
         )
+        self.tokens = TokenCache()
 
     async def __aenter__(self) -> Sender:
         connector = delivery_connector(
@@ -93,8 +99,18 @@ class Sender:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
-        """POST ``body`` to ``url`` once unless its circuit is open, and classify what happened.
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        *,
+        method: str = "POST",
+        ssl: ssl.SSLContext | None = None,
+        keep_body: bool = False,
+    ) -> RequestResult:
+        """Send ``body`` to ``url`` once (POST unless ``method`` says otherwise; ``ssl``: a client certificate's
+        context) unless its circuit is open, and classify what happened.
 
         The URL's own slot is taken before a process slot, so a hanging endpoint holds at most
         ``endpoint_concurrency`` of them. Never raises for network outcomes.
@@ -104,20 +120,23 @@ class Sender:
                 return RequestResult(url, store_now(), RETRY, error=CIRCUIT_OPEN_ERROR)
             result: RequestResult | None = None
             try:
-                result = await self._post(url, body, headers)
+                result = await self._post(url, body, headers, method, ssl, keep_body)
             finally:
                 # A cancelled probe counts as a failure, so the circuit never waits for a probe that is gone.
                 self.guard.record(url, result is not None and result.outcome != RETRY)
             return result
 
-    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str], method: str, ssl: ssl.SSLContext | None, keep_body: bool
+    ) -> RequestResult:
         assert self._session is not None, "use Sender as an async context manager"
         async with self._slots:
             attempted_at = store_now()
             started = time.perf_counter()
             try:
-                async with self._session.post(url, data=body, headers=headers, allow_redirects=False) as response:
-                    await response.read()
+                async with self._session.request(method, url, data=body, headers=headers, allow_redirects=False,
+                                                 ssl=ssl if ssl is not None else True) as response:
+                    answer = await response.read()
                     status = response.status
                     retry_after = response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None
             except aiohttp.ClientConnectorCertificateError as exc:
@@ -142,17 +161,42 @@ class Sender:
                 return RequestResult(url, attempted_at, RETRY, error=f"connection error: {_describe(exc)}",
                                      latency_ms=_ms(started))
         return RequestResult(url, attempted_at, classify_status(status), status=status, latency_ms=_ms(started),
-                             retry_after=retry_after)
+                             retry_after=retry_after, body=answer if keep_body else None)
+
+    async def request(self, request: Request) -> RequestResult:
+        """Send one shaped request; with OAuth2, with a token, and once more with a new token after a 401."""
+        endpoint = request.endpoint
+        if endpoint.oauth2 is None:
+            return await self._send(request, request.headers)
+        result, token = await self._with_token(request)
+        if result.status == 401 and token is not None:
+            # A token can be revoked before it expires: one new token, one more try.
+            self.tokens.discard(endpoint.oauth2, token)
+            result, _ = await self._with_token(request)
+        return result
+
+    async def _with_token(self, request: Request) -> tuple[RequestResult, str | None]:
+        assert request.endpoint.oauth2 is not None
+        try:
+            token = await self.tokens.get(request.endpoint.oauth2, self._post_token_form)
+        except TokenRequestError as exc:
+            return RequestResult(request.endpoint.url, store_now(), exc.outcome, error=str(exc)), None
+        return await self._send(request, {**request.headers, AUTHORIZATION_HEADER: f"Bearer {token}"}), token
+
+    async def _send(self, request: Request, headers: dict[str, str]) -> RequestResult:
+        endpoint = request.endpoint
+        return await self.post(endpoint.url, request.body, headers, method=endpoint.method, ssl=endpoint.ssl)
+
+    async def _post_token_form(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
+        return await self.post(url, body, headers, keep_body=True)
 
     async def send(self, destination: ResolvedDestination, body: bytes, key: str) -> list[RequestResult]:
         """Send one message (stable id ``key``) to every URL of its destination at once (fan-out)."""
-        headers_extra = destination.signer.headers(body, key)
-        requests = []
-        for endpoint in destination.endpoints:
-            requests.append(self.post(endpoint.url, body, {**endpoint.headers, **headers_extra}))
+        requests = shape_requests(destination.endpoints, destination.signer, key,
+                                  lambda endpoint: endpoint.render(body))
         if len(requests) == 1:
-            return [await requests[0]]
-        return list(await asyncio.gather(*requests))
+            return [await self.request(requests[0])]
+        return list(await asyncio.gather(*(self.request(request) for request in requests)))
 
     async def send_all(self, items: Sequence[tuple[ResolvedDestination, bytes, str]]) -> list[list[RequestResult]]:
         """Send many ``(destination, body, message id)``; results in the same order.

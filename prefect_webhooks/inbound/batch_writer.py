@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from prefect_webhooks.inbound.ingestion import IngestResult, PreparedBatch, commit_batches, purge_seen
+from prefect_webhooks.inbound.ingestion import IngestResult, PreparedBatch, commit_batches
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.tables import OutboxMessage, SeenMessage
 
@@ -54,16 +53,13 @@ class BatchWriter:
         *,
         max_pending: int | None = None,
         max_group_messages: int = 5000,
-        purge_every_seconds: float = 600.0,
     ) -> None:
         self.engine = engine
         self.max_pending = max_pending if max_pending is not None else get_settings().ingest.ingest_max_pending
         self.max_group_messages = max_group_messages
-        self.purge_every_seconds = purge_every_seconds
         self._waiting: list[_Item] = []
         self._pending = 0
         self._flusher: asyncio.Task | None = None
-        self._last_purge = time.monotonic()
         self._written = 0
         self._analyze_at = ANALYZE_FIRST_AT
 
@@ -110,7 +106,6 @@ class BatchWriter:
         await asyncio.sleep(0)
         while self._waiting:
             self._write(self._take_group())
-            self._maybe_purge()
             self._maybe_analyze()
             await asyncio.sleep(0)
 
@@ -147,13 +142,3 @@ class BatchWriter:
                 connection.exec_driver_sql(f"ANALYZE {_SEEN.name}, {OutboxMessage.__tablename__}")
         except Exception as exc:
             logger.warning("refreshing the store's statistics failed: %s", type(exc).__name__)
-
-    def _maybe_purge(self) -> None:
-        if time.monotonic() - self._last_purge < self.purge_every_seconds:
-            return
-        self._last_purge = time.monotonic()
-        try:
-            with self.engine.begin() as connection:
-                purge_seen(connection)
-        except Exception as exc:
-            logger.warning("purging old messageIds failed: %s", type(exc).__name__)

@@ -35,7 +35,7 @@ from prefect_webhooks.messages.timestamps import TimestampError, parse_timestamp
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine, insert_rows
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_row
-from prefect_webhooks.store.tables import SeenMessage, SuppressedUser, store_now, to_store_time
+from prefect_webhooks.store.tables import SeenMessage, SuppressedUser, to_store_time
 
 ALL_SOURCES = "*"
 # SQLite allows 999 bound parameters per statement in old builds; stay well under it.
@@ -298,11 +298,11 @@ def commit_batches(
     """Write prepared batches inside the caller's transaction; one result per batch, in order.
 
     A messageId already accepted from the same source within ``window_seconds`` (default: the
-    ``dedupe_window_seconds`` setting) before the batch's receipt is a duplicate; so is a repeat inside these
+    ``dedupe_window`` of the settings) before the batch's receipt is a duplicate; so is a repeat inside these
     batches. Calls about a user suppressed for the source (or for ``*``) are dropped and counted.
     """
     if window_seconds is None:
-        window_seconds = get_settings().ingest.dedupe_window_seconds
+        window_seconds = get_settings().dedupe_window()
     window = timedelta(seconds=window_seconds)
     by_source: dict[str, list[int]] = {}
     for position, batch in enumerate(batches):
@@ -334,10 +334,3 @@ def ingest_batch(
     prepared = prepare_batch(raw_messages, source, **batch_fields)
     with (engine or get_engine()).begin() as connection:
         return commit_batches(connection, [prepared])[0]
-
-
-def purge_seen(connection: Connection, *, window_seconds: float | None = None) -> int:
-    """Forget messageIds older than the dedupe window; returns how many."""
-    window = window_seconds if window_seconds is not None else get_settings().ingest.dedupe_window_seconds
-    cutoff = store_now() - timedelta(seconds=window)
-    return connection.execute(delete(_SEEN).where(_SEEN.c.received_at < cutoff)).rowcount or 0

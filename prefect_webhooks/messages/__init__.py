@@ -1,7 +1,8 @@
 """The vocabulary every stage speaks, below all of them: the inbound call model that the Analytics client, the
 ingest API and the ingest flow validate with (``model``), timestamps in and out (``timestamps``), the outbound
 bodies of the destination spec, serialised once (``payloads``), what becomes of a message (``outcomes``: its states
-and the records of an attempt) and the retry policy both senders follow (``retry``). It takes in raw calls and hands
+and the records of an attempt), the retry policy both senders follow (``retry``) and the declarative mappings an
+endpoint can apply to a body (``mapping``). It takes in raw calls and hands
 on validated messages, outbound bodies and outcome records; it imports no other stage.
 """
 

@@ -23,13 +23,14 @@ PERMANENT = "permanent"
 
 @dataclass(slots=True)
 class Delivered:
-    """A message one of its URLs accepted."""
+    """A message one of its URLs accepted (which one is in its attempt records)."""
 
     id: int
     attempts: int
     first_attempt_at: datetime
     at: datetime
-    url: str
+    destination: str
+    """The message's destination: its outcome counts there."""
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class Failed:
     reason: str
     attempts: int
     first_attempt_at: datetime | None
+    destination: str
 
 
 @dataclass(slots=True)
@@ -61,6 +63,7 @@ class Filtered:
 
     id: int
     reason: str
+    destination: str
 
 
 @dataclass(slots=True)

@@ -8,7 +8,9 @@ It supervises its child processes, each in its own process group:
   ``deliver/continuous`` deployment in its own warm process (see that module); started together with the API, so
   what is due is delivered within seconds of the start;
 - the other deployments: ``python -m prefect_webhooks.deployments.serve --no-deliver``, a Prefect runner serving the
-  rest of ``deployments/prefect.yaml`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``.
+  rest of ``deployments/prefect.yaml`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``;
+- the pruner: ``python -m prefect_webhooks.serving.pruner``, a retention pass (the ``prune`` flow, in-process) every
+  ``PREFECT_WEBHOOKS_RETENTION_INTERVAL``.
 
 Shutdown on SIGTERM or SIGINT is ordered so that no claimed message is lost: the API stops accepting first and
 finishes the requests it has (a message is only acknowledged after its commit), then the delivery workers stop
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from prefect_webhooks.serving.pruner import pruner_command
 from prefect_webhooks.serving.restarts import Restarts
 
 if TYPE_CHECKING:
@@ -93,8 +96,8 @@ def delivery_worker_command() -> list[str]:
 
 def deployments_command(limit: int | None = None, *, deliver: bool = False) -> list[str]:
     """The command line that serves the deployments (``deployments/serve.py``); ``deliver/continuous`` only when
-    ``deliver`` (``serve`` runs it in delivery workers instead)."""
-    command = [sys.executable, "-m", "prefect_webhooks.deployments.serve"]
+    ``deliver`` (``serve`` runs it in delivery workers instead), never ``prune/retention`` (the pruner's job)."""
+    command = [sys.executable, "-m", "prefect_webhooks.deployments.serve", "--no-prune"]
     if limit:
         command += ["--limit", str(limit)]
     if not deliver:
@@ -389,8 +392,10 @@ def serve(
             niceness=RUNNER_NICENESS,
             restarts=Restarts(),
         ).start()
-        children.append(runner)
-        stages.append(runner)
+        # Retention passes, niced too, every PREFECT_WEBHOOKS_RETENTION_INTERVAL (serving/pruner.py).
+        pruner = Child("pruner", pruner_command(), niceness=RUNNER_NICENESS).start()
+        children += [runner, pruner]
+        stages += [runner, pruner]
         print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, {delivery_workers} delivery worker(s), "
               "deployments served", flush=True)
         while not stop.wait(0.5):

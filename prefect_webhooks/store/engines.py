@@ -14,13 +14,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import DateTime, event, insert, select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import SQLModel, create_engine
 
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.tables import StoreIdentity
+from prefect_webhooks.store.tables import StoreIdentity, dialect_insert
+from prefect_webhooks.store.upgrades import upgrade_store
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -36,6 +35,9 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
     # 64 MB of page cache per connection instead of 2 MB: the outbox's indexes on random keys (user, messageId)
     # outgrow 2 MB after a few hundred thousand rows and every insert then rereads index pages.
     cursor.execute("PRAGMA cache_size=-65536")
+    # After a checkpoint the WAL file is cut back to 64 MB: a burst (a pruning pass, a replay) does not leave a
+    # WAL as big as its peak for the life of the store.
+    cursor.execute("PRAGMA journal_size_limit=67108864")
     cursor.close()
 
 
@@ -72,12 +74,15 @@ def create_schema(engine: Engine) -> None:
     if engine.dialect.name != "postgresql":
         # SQLite serialises the DDL under its write lock.
         SQLModel.metadata.create_all(engine, checkfirst=True)
+        with engine.begin() as connection:
+            upgrade_store(connection)
         return
     with engine.begin() as connection:
         # Concurrent CREATE TABLEs race on PostgreSQL's catalog (duplicate pg_type rows): one creator at a time,
         # the lock held until this transaction commits; the others then find every table and create nothing.
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243051)")
         SQLModel.metadata.create_all(connection, checkfirst=True)
+        upgrade_store(connection)
 
 
 _store_keys: dict[str, str] = {}
@@ -97,9 +102,9 @@ def store_key(engine: Engine) -> str:
     with engine.begin() as connection:
         key = connection.execute(select(table.c.key).where(table.c.id == 1)).scalar()
         if key is None:
-            dialect_insert = sqlite_insert if connection.dialect.name == "sqlite" else postgresql_insert
             # Concurrent first callers race to insert; whichever row landed is the store's key.
-            connection.execute(dialect_insert(table).values(id=1, key=secrets.token_hex(6)).on_conflict_do_nothing())
+            first = dialect_insert(connection)(table).values(id=1, key=secrets.token_hex(6))
+            connection.execute(first.on_conflict_do_nothing())
             key = connection.execute(select(table.c.key).where(table.c.id == 1)).scalar_one()
     _store_keys[url] = key
     return key

@@ -1,8 +1,10 @@
 """Monitoring figures read from the store: backlog depth, oldest pending age and outcome totals.
 
 The same snapshot feeds the Prometheus text at ``/metrics``, the JSON health at ``/health/backlog`` and the
-``prefect-webhooks status`` command. Everything is read from the outbox table, so any process that can reach the
-store (the ingest API, a CLI on another host) reports the same figures.
+``prefect-webhooks status`` command. Everything is read from the store, so any process that can reach it (the
+ingest API, a CLI on another host) reports the same figures. The cost does not grow with history: the totals are
+the outcome counters (``counters``: a few rows per destination), the gauges read pending rows only, through the
+due index (``pending_gauge_query``); delivered, failed and filtered rows are never read.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
+from prefect_webhooks.store.counters import outcome_totals
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.tables import OutboxMessage, store_now
 from prefect_webhooks.utilities.tables import table_text
@@ -55,15 +58,15 @@ def _empty_figures() -> dict[str, Any]:
     }
 
 
-def _state_rows(engine: Engine, now: datetime) -> list[Any]:
-    """One row per (destination, state): count, rows under a live lease, oldest creation time."""
+def pending_gauge_query(now: datetime) -> Select[Any]:
+    """Per destination: pending rows, those under a live lease, the oldest creation time; pending rows only."""
     table = OutboxMessage.__table__
     leased = func.sum(case((table.c.lease_expires_at > now, 1), else_=0))
-    query = select(
-        table.c.destination, table.c.state, func.count(), leased, func.min(table.c.created_at)
-    ).group_by(table.c.destination, table.c.state)
-    with engine.connect() as connection:
-        return list(connection.execute(query))
+    return (
+        select(table.c.destination, func.count(), leased, func.min(table.c.created_at))
+        .where(table.c.state == PENDING)
+        .group_by(table.c.destination)
+    )
 
 
 def _age_seconds(oldest: datetime | str | None, now: datetime) -> float:
@@ -96,19 +99,19 @@ def backlog_snapshot(engine: Engine | None = None, now: datetime | None = None) 
     engine = engine or get_engine()
     now = now or store_now()
     destinations: dict[str, dict[str, Any]] = {}
-    for destination, state, count, leased, oldest in _state_rows(engine, now):
+    with engine.connect() as connection:
+        totals = outcome_totals(connection)
+        pending = list(connection.execute(pending_gauge_query(now)))
+    for destination, outcomes in totals.items():
         figures = destinations.setdefault(destination, _empty_figures())
-        if state == PENDING:
-            figures["pending"] += count
-            figures["in_flight"] += int(leased or 0)
-            figures["oldest_pending_age_seconds"] = _age_seconds(oldest, now)
-            figures["oldest_pending_at"] = str(oldest) if oldest is not None else None
-        elif state == DELIVERED:
-            figures["delivered"] += count
-        elif state == FAILED:
-            figures["failed"] += count
-        elif state == FILTERED:
-            figures["filtered"] += count
+        for outcome in (DELIVERED, FAILED, FILTERED):
+            figures[outcome] = outcomes.get(outcome, 0)
+    for destination, count, leased, oldest in pending:
+        figures = destinations.setdefault(destination, _empty_figures())
+        figures["pending"] = count
+        figures["in_flight"] = int(leased or 0)
+        figures["oldest_pending_age_seconds"] = _age_seconds(oldest, now)
+        figures["oldest_pending_at"] = str(oldest) if oldest is not None else None
     return {
         "generated_at": now.isoformat() + "Z",
         "destinations": dict(sorted(destinations.items())),

@@ -6,6 +6,7 @@ inside a caller's transaction so a caller's own writes (dedupe keys, audience st
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,10 +15,11 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING, Delivered, OutcomeRecords
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING, Delivered, Failed, OutcomeRecords
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.messages.retry import RETRY_AFTER_REASON
 from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine, insert_rows
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
 
@@ -104,6 +106,7 @@ class Claimed:
     first_attempt_at: datetime | None
     next_attempt_at: datetime
     reason: str | None = None
+    created_at: datetime | None = None
 
 
 _CLAIMED_COLUMNS = (
@@ -114,11 +117,12 @@ _CLAIMED_COLUMNS = (
     OUTBOX.c.first_attempt_at,
     OUTBOX.c.next_attempt_at,
     OUTBOX.c.reason,
+    OUTBOX.c.created_at,
 )
 
 
 def _claimed(row: Any) -> Claimed:
-    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6])
+    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6], row[7])
 
 
 def claim_due_deliveries(
@@ -242,34 +246,24 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
         return connection.execute(statement).rowcount
 
 
-def release_leases(engine: Engine, ids: Sequence[int], owner: str) -> int:
-    """Give up ``owner``'s lease on pending rows among ``ids`` so any run may claim them when due."""
+def release_leases(engine: Engine, ids: Sequence[int], owner: str, *, due_at: datetime | None = None) -> int:
+    """Give up ``owner``'s lease on pending rows among ``ids`` so any run may claim them when due (at ``due_at``
+    when given: a batch waiting to fill; attempts and deadline unchanged)."""
     if not ids:
         return 0
+    values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+    if due_at is not None:
+        values["next_attempt_at"] = due_at
     statement = (
         update(OUTBOX)
         .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
-        .values(lease_owner=None, lease_expires_at=None)
+        .values(**values)
     )
     with engine.begin() as connection:
         return connection.execute(statement).rowcount
 
 
-# One executemany statement per kind of outcome; ``b_`` names keep bind parameters apart from columns.
-_MARK_DELIVERED = (
-    update(OUTBOX)
-    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
-    .values(
-        state=DELIVERED,
-        reason=None,
-        attempts=bindparam("b_attempts"),
-        first_attempt_at=bindparam("b_first_attempt_at"),
-        delivered_at=bindparam("b_at"),
-        delivered_url=bindparam("b_url"),
-        lease_owner=None,
-        lease_expires_at=None,
-    )
-)
+# The one executemany statements; ``b_`` names keep bind parameters apart from columns.
 _MARK_FAILED = (
     update(OUTBOX)
     .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
@@ -278,6 +272,7 @@ _MARK_FAILED = (
         reason=bindparam("b_reason"),
         attempts=bindparam("b_attempts"),
         first_attempt_at=bindparam("b_first_attempt_at"),
+        next_attempt_at=bindparam("b_at"),
         lease_owner=None,
         lease_expires_at=None,
     )
@@ -297,53 +292,63 @@ _RESCHEDULE = (
 
 
 def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
-    """Write one batch's results in one transaction: bulk updates per kind of outcome and the attempt log."""
+    """Write one batch's results in one transaction: the attempt log, bulk updates per kind of outcome, and the
+    outcome counters.
+
+    Only rows still pending change (a row a deletion purged meanwhile stays as the purge left it), and only those
+    count. A finished row's ``next_attempt_at`` becomes the time it finished, which retention counts from.
+    """
+    finished_at = store_now()
+    counts: Counter[tuple[str, str]] = Counter()
     with engine.begin() as connection:
         insert_rows(connection, ATTEMPTS, [
             {"outbox_id": a.outbox_id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
              "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome} for a in records.attempts])
         for group in _same_values(records.delivered):
-            if len(group) == 1:
-                (row,) = group
-                connection.execute(_MARK_DELIVERED, {"b_id": row.id, "b_attempts": row.attempts,
-                                                     "b_first_attempt_at": row.first_attempt_at, "b_at": row.at,
-                                                     "b_url": row.url})
-                continue
             # One statement for rows that get the same values: far cheaper than executemany on a full batch.
             first = group[0]
-            connection.execute(
+            counts[first.destination, DELIVERED] += connection.execute(
                 update(OUTBOX)
                 .where(OUTBOX.c.id.in_([row.id for row in group]), OUTBOX.c.state == PENDING)
                 .values(state=DELIVERED, reason=None, attempts=first.attempts, first_attempt_at=first.first_attempt_at,
-                        delivered_at=first.at, delivered_url=first.url, lease_owner=None, lease_expires_at=None)
-            )
-        if records.failed:
-            connection.execute(_MARK_FAILED, [
+                        next_attempt_at=first.at, lease_owner=None, lease_expires_at=None)
+            ).rowcount
+        for destination, rows in _by_destination(records.failed).items():
+            counts[destination, FAILED] += connection.execute(_MARK_FAILED, [
                 {"b_id": row.id, "b_reason": row.reason, "b_attempts": row.attempts,
-                 "b_first_attempt_at": row.first_attempt_at} for row in records.failed])
+                 "b_first_attempt_at": row.first_attempt_at, "b_at": finished_at} for row in rows]).rowcount
         if records.rescheduled:
             connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
                  "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
                  "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled])
-        by_reason: dict[str, list[int]] = {}
+        by_rule: dict[tuple[str, str], list[int]] = {}
         for row in records.filtered:
-            by_reason.setdefault(row.reason, []).append(row.id)
-        for reason, ids in by_reason.items():
+            by_rule.setdefault((row.destination, row.reason), []).append(row.id)
+        for (destination, reason), ids in by_rule.items():
             # Many rows share a rule: one statement per rule.
-            connection.execute(
+            counts[destination, FILTERED] += connection.execute(
                 update(OUTBOX)
                 .where(OUTBOX.c.id.in_(ids), OUTBOX.c.state == PENDING)
-                .values(state=FILTERED, reason=reason, lease_owner=None, lease_expires_at=None)
-            )
+                .values(state=FILTERED, reason=reason, next_attempt_at=finished_at, lease_owner=None,
+                        lease_expires_at=None)
+            ).rowcount
+        add_outcomes(connection, counts)
 
 
 def _same_values(rows: Sequence[Delivered]) -> list[list[Delivered]]:
     """Delivered rows grouped by every value but the id, in first-seen order."""
     groups: dict[tuple[Any, ...], list[Delivered]] = {}
     for row in rows:
-        groups.setdefault((row.attempts, row.first_attempt_at, row.at, row.url), []).append(row)
+        groups.setdefault((row.attempts, row.first_attempt_at, row.at, row.destination), []).append(row)
     return list(groups.values())
+
+
+def _by_destination(rows: Sequence[Failed]) -> dict[str, list[Failed]]:
+    groups: dict[str, list[Failed]] = {}
+    for row in rows:
+        groups.setdefault(row.destination, []).append(row)
+    return groups
 
 
 def replay_failed(

@@ -10,6 +10,9 @@ from typing import Any
 
 from pydantic import NaiveDatetime
 from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
 from sqlmodel import Field, SQLModel
 
 from prefect_webhooks.messages.outcomes import PENDING
@@ -21,12 +24,17 @@ BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class OutboxMessage(SQLModel, table=True):
-    """One outbound message for one destination: a row before its first attempt, then its outcome."""
+    """One outbound message for one destination: a row before its first attempt, then its outcome.
+
+    ``next_attempt_at`` is when a pending row is next due and, once the row is delivered, failed or filtered, when it
+    got there: the one index ``ix_outbox_due (state, next_attempt_at)`` serves both the claim (due pending rows) and
+    retention (rows that finished before a cutoff), and history costs no second time index. Which URL took a
+    delivered message is in its attempt records.
+    """
 
     __tablename__ = "outbox"
     __table_args__ = (
         Index("ix_outbox_due", "state", "next_attempt_at"),
-        Index("ix_outbox_destination_state", "destination", "state"),
         Index("ix_outbox_user", "user_id"),
     )
 
@@ -44,11 +52,11 @@ class OutboxMessage(SQLModel, table=True):
     attempts: int = Field(default=0)
     created_at: NaiveDatetime
     first_attempt_at: NaiveDatetime | None = None
-    next_attempt_at: NaiveDatetime
+    next_attempt_at: NaiveDatetime = Field(
+        description="Pending: when the message is next due. Delivered, failed or filtered: when it got there."
+    )
     lease_owner: str | None = Field(default=None, max_length=64)
     lease_expires_at: NaiveDatetime | None = None
-    delivered_at: NaiveDatetime | None = None
-    delivered_url: str | None = None
 
 
 class StoreIdentity(SQLModel, table=True):
@@ -115,6 +123,10 @@ class AudienceState(SQLModel, table=True):
     value: str = Field(description="JSON-encoded value last sent.")
 
 
+# The state of a deletion request not processed yet (the user's rows are still needed to find its sources).
+DELETION_REQUESTED = "requested"
+
+
 class DeletionRequest(SQLModel, table=True):
     """A request to delete a user's data, and its outcome."""
 
@@ -124,7 +136,7 @@ class DeletionRequest(SQLModel, table=True):
     user_id: str = Field(max_length=1024)
     sources: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     suppress: bool = False
-    state: str = Field(default="requested", max_length=16)
+    state: str = Field(default=DELETION_REQUESTED, max_length=16)
     outcome: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     created_at: NaiveDatetime
     completed_at: NaiveDatetime | None = None
@@ -140,6 +152,53 @@ class SuppressedUser(SQLModel, table=True):
     created_at: NaiveDatetime
 
 
+class OutcomeCounter(SQLModel, table=True):
+    """Part of a running total of outcomes per destination; the total is the sum over ``shard``.
+
+    Written in the transaction that records the outcomes, never decreased, untouched by pruning: a Prometheus
+    counter. Several delivery processes on PostgreSQL each add to a random shard, so none waits on one hot row.
+    """
+
+    __tablename__ = "outcome_counters"
+
+    destination: str = Field(primary_key=True, max_length=255)
+    outcome: str = Field(primary_key=True, max_length=16, description="delivered, failed or filtered.")
+    shard: int = Field(primary_key=True, default=0)
+    count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+
+
+class UserSource(SQLModel, table=True):
+    """A source that sent events about a user whose outbox rows retention has removed.
+
+    An unscoped deletion request notifies every source that saw the user: the outbox rows tell it while they are
+    kept, these rows after. A deletion request removes the user's rows here too.
+    """
+
+    __tablename__ = "user_sources"
+
+    user_id: str = Field(primary_key=True, max_length=1024)
+    source: str = Field(primary_key=True, max_length=255)
+
+
+class StoreLease(SQLModel, table=True):
+    """A named piece of maintenance (a pruning pass) that one process at a time may run, until ``expires_at``."""
+
+    __tablename__ = "store_leases"
+
+    name: str = Field(primary_key=True, max_length=64)
+    owner: str = Field(max_length=128)
+    expires_at: NaiveDatetime
+
+
+class StoreUpgrade(SQLModel, table=True):
+    """A one-time change an older store got (for instance its counters seeded from its rows), so it runs once."""
+
+    __tablename__ = "store_upgrades"
+
+    name: str = Field(primary_key=True, max_length=64)
+    applied_at: NaiveDatetime
+
+
 def store_now() -> datetime:
     """The current time as the store keeps times: naive UTC (identical on SQLite and PostgreSQL)."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
@@ -151,3 +210,8 @@ def to_store_time(value: datetime) -> datetime:
         value = value.astimezone(timezone.utc).replace(tzinfo=None)
     return value
 
+
+
+def dialect_insert(connection: Connection) -> Any:
+    """The store's ``insert`` construct, with ``on_conflict_do_nothing`` and ``on_conflict_do_update``."""
+    return sqlite_insert if connection.dialect.name == "sqlite" else postgresql_insert

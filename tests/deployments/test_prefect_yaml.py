@@ -109,6 +109,7 @@ def test_prefect_deploy_and_serve_make_the_same_deployments(prefect_harness: Non
     assert names == {
         ("deliver", "continuous"),
         ("deletions", "interval"),
+        ("prune", "retention"),
         ("replay", "on-demand"),
         ("audience-sync", "vip-users"),
     }
@@ -121,5 +122,6 @@ def test_prefect_deploy_and_serve_make_the_same_deployments(prefect_harness: Non
     assert deliver["parameters"] == {"run_for_seconds": 75}
     assert [s["interval"] for s in deliver["schedules"]] == [60.0]
     assert [s["interval"] for s in deployed[("deletions", "interval")]["schedules"]] == [60.0]
+    assert [s["interval"] for s in deployed[("prune", "retention")]["schedules"]] == [300.0]
     assert deployed[("replay", "on-demand")]["schedules"] == []
     assert [s["cron"] for s in deployed[("audience-sync", "vip-users")]["schedules"]] == ["*/15 * * * *"]

@@ -136,6 +136,7 @@ def test_served_deployments_and_schedules(tmp_path: Path) -> None:
     assert set(deployments) == {
         ("deliver", DELIVER_DEPLOYMENT),
         ("deletions", DELETIONS_DEPLOYMENT),
+        ("prune", "retention"),
         ("replay", REPLAY_DEPLOYMENT),
         ("audience-sync", "vip"),
     }
@@ -150,6 +151,8 @@ def test_served_deployments_and_schedules(tmp_path: Path) -> None:
     # ``serve`` leaves deliver/continuous to its delivery workers, which register it from the same definition.
     assert ("deliver", DELIVER_DEPLOYMENT) not in {(d.flow_name, d.name) for d in build_deployments(settings,
                                                                                                  deliver=False)}
+    # ... and the retention passes to its pruner, every PREFECT_WEBHOOKS_RETENTION_INTERVAL.
+    assert ("prune", "retention") not in {(d.flow_name, d.name) for d in build_deployments(settings, prune=False)}
     for_workers = served_deployment(deliver_definition(settings))
     assert for_workers.parameters == deliver.parameters
     assert for_workers.schedules[0].schedule.interval == deliver.schedules[0].schedule.interval

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from sqlalchemy import update
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
+from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.metrics import add_metrics_routes, backlog_snapshot, prometheus_text, status_table
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
@@ -40,7 +41,9 @@ def _add(
         table = OutboxMessage.__table__
         ids = table.c.created_at == created
         if state:
+            # As record_outcomes does: the new state and its count, in one transaction.
             connection.execute(update(table).where(ids, table.c.destination == destination).values(state=state))
+            add_outcomes(connection, {(destination, state): count})
         if leased:
             connection.execute(
                 update(table)

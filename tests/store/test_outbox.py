@@ -142,8 +142,8 @@ def test_record_outcomes_writes_states_and_attempts_in_one_go(store_url: str) ->
     now = store_now()
     later = now + timedelta(minutes=1)
     record_outcomes(engine, OutcomeRecords(
-        delivered=[Delivered(1, attempts=1, first_attempt_at=now, at=now, url="http://a/")],
-        failed=[Failed(2, "permanent: HTTP 404", attempts=1, first_attempt_at=now)],
+        delivered=[Delivered(1, attempts=1, first_attempt_at=now, at=now, destination="crm")],
+        failed=[Failed(2, "permanent: HTTP 404", attempts=1, first_attempt_at=now, destination="crm")],
         rescheduled=[Rescheduled(3, attempts=1, first_attempt_at=now, reason="HTTP 503", next_attempt_at=later)],
         attempts=[Attempt(i, now, "http://a/", status_code=s, error=None, latency_ms=1.5, outcome=o)
                   for i, s, o in ((1, 200, "delivered"), (2, 404, "permanent"), (3, 503, "retry"))],
@@ -151,7 +151,8 @@ def test_record_outcomes_writes_states_and_attempts_in_one_go(store_url: str) ->
     stored = rows(engine)
     assert [(row.state, row.reason) for row in stored] == [
         (DELIVERED, None), (FAILED, "permanent: HTTP 404"), (PENDING, "HTTP 503")]
-    assert stored[0].delivered_url == "http://a/" and stored[2].next_attempt_at == later
+    # A finished row's next_attempt_at is when it finished (retention counts from it).
+    assert stored[0].next_attempt_at == now and stored[1].next_attempt_at >= now and stored[2].next_attempt_at == later
     with engine.connect() as connection:
         assert connection.execute(select(ATTEMPTS.c.status_code).order_by(ATTEMPTS.c.id)).scalars().all() == [
             200, 404, 503]
@@ -181,7 +182,7 @@ def test_record_outcomes_groups_rows_with_equal_values(store_url: str) -> None:
     enqueue("crm", [track(n) for n in range(5)])
     now = store_now()
     earlier = now - timedelta(minutes=5)
-    same = {"attempts": 1, "first_attempt_at": now, "at": now, "url": "http://a/"}
+    same = {"attempts": 1, "first_attempt_at": now, "at": now, "destination": "crm"}
     record_outcomes(engine, OutcomeRecords(delivered=[
         Delivered(1, **same), Delivered(2, **same), Delivered(4, **same),
         Delivered(5, **{**same, "attempts": 3, "first_attempt_at": earlier})]))
@@ -189,7 +190,7 @@ def test_record_outcomes_groups_rows_with_equal_values(store_url: str) -> None:
     assert [row.state for row in stored] == [DELIVERED, DELIVERED, PENDING, DELIVERED, DELIVERED]
     assert [row.attempts for row in stored] == [1, 1, 0, 1, 3]
     assert stored[4].first_attempt_at == earlier and stored[0].first_attempt_at == now
-    assert all(row.delivered_url == "http://a/" and row.lease_owner is None for row in stored if row.id != 3)
+    assert all(row.next_attempt_at == now and row.lease_owner is None for row in stored if row.id != 3)
 
 
 def test_replay_leaves_rows_purged_by_a_deletion_request_failed(store_url: str) -> None:

@@ -28,7 +28,9 @@ INTERNAL_STEPS = {
     "prefect_webhooks.blocks.saved.load_block": "async code on every Prefect 3 release (plain code calls Block.load)",
     "prefect_webhooks.delivery.context.store_call": "deliver_due",
     "prefect_webhooks.delivery.batch.process_batch": "deliver_due",
-    "prefect_webhooks.delivery.task.deliver_batch": "the deliver flow's task",
+    "prefect_webhooks.delivery.batching.hold_for_batch_wait": "process_batch (a destination with batch_wait)",
+    "prefect_webhooks.delivery.batching.send_batched": "process_batch (a destination with batch_size)",
+    "prefect_webhooks.delivery.task.deliver_batches": "the deliver flow's task",
     "prefect_webhooks.delivery.claims.deliver_due":
         "the deliver flow (users run the flow: prefect_webhooks.flows.deliver)",
     "prefect_webhooks.flows.deliver.publish_artifacts": "the deliver flow and a delivery worker's run records",
@@ -38,6 +40,7 @@ INTERNAL_STEPS = {
     "prefect_webhooks.flows.ingest.ingest_chunk": "the ingest flow (a task)",
     "prefect_webhooks.flows.ingest.load_source": "the ingest flow",
     "prefect_webhooks.flows.ingest.publish_artifacts": "the ingest flow",
+    "prefect_webhooks.flows.old_runs.remove_old_runs": "the prune flow (or `prefect-webhooks prune`)",
 }
 
 

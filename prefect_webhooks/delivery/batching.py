@@ -1,0 +1,130 @@
+"""Batched delivery: the due messages of a destination with ``batch_size`` go out as JSON arrays, one request per
+batch and endpoint (bodies and ids: ``batch_bodies``).
+
+- A 2xx delivers every item; a 413 splits the batch in halves, sent at once (first half first), down to single
+  items (a single item's 413 fails it for good, as for one message); any other answer applies to every item.
+- Each message then goes through the same decision as a message sent alone (``decision.decide``), so its attempt
+  count, attempt log and 4-hour deadline stay its own; the 413 requests are logged per message too (outcome
+  ``split``). Messages of a destination rescheduled by one try come due together, so the batch retries whole.
+- ``batch_wait``: a destination's due messages that do not fill a batch wait until the oldest was accepted
+  ``batch_wait`` seconds ago (released to the outbox until then; no attempt is counted). Messages being retried
+  do not wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from prefect_webhooks.delivery.batch_bodies import Item, batch_request, endpoint_batches, item_size
+from prefect_webhooks.delivery.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.decision import BatchWrites
+from prefect_webhooks.delivery.destinations import ResolvedDestination
+from prefect_webhooks.delivery.request_shape import Endpoint
+from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.messages.outcomes import Attempt, Rescheduled
+from prefect_webhooks.store.outbox import Claimed, release_leases
+
+logger = logging.getLogger("prefect_webhooks.delivery")
+
+SPLIT = "split"
+"""Outcome logged for each message of a batch a receiver answered 413 (it was sent again in a smaller batch)."""
+
+Pair = tuple[Claimed, ResolvedDestination]
+
+
+def take_batched(ready: list[Pair]) -> tuple[list[Pair], list[Pair]]:
+    """``ready`` split into messages sent one per request and messages of batching destinations."""
+    single = [pair for pair in ready if pair[1].batching is None]
+    if len(single) == len(ready):
+        return ready, []
+    return single, [pair for pair in ready if pair[1].batching is not None]
+
+
+def _by_destination(pairs: Sequence[Pair]) -> dict[str, list[Pair]]:
+    groups: dict[str, list[Pair]] = {}
+    for pair in pairs:
+        groups.setdefault(pair[1].name, []).append(pair)
+    for group in groups.values():
+        group.sort(key=lambda pair: pair[0].id)  # acceptance order
+    return groups
+
+
+async def hold_for_batch_wait(
+    context: DeliveryContext, pairs: list[Pair], key_prefix: str, now: datetime
+) -> list[Pair]:
+    """The messages to send now; the others (partial batches still within ``batch_wait``) go back to the outbox,
+    due when their oldest message was accepted ``batch_wait`` seconds ago."""
+    send: list[Pair] = []
+    postponed: dict[datetime, list[int]] = {}
+    for group in _by_destination(pairs).values():
+        batching = group[0][1].batching
+        assert batching is not None
+        until = min(row.created_at or row.next_attempt_at for row, _ in group) + timedelta(seconds=batching.wait)
+        size = 2 + sum(item_size(f"{key_prefix}{row.id}", row.body) for row, _ in group)
+        if until <= now or len(group) >= batching.size or size >= batching.max_bytes or any(
+                row.attempts for row, _ in group):
+            send.extend(group)
+        else:
+            postponed.setdefault(until, []).extend(row.id for row, _ in group)
+    for until, ids in postponed.items():
+        await store_call(context.settings, release_leases, context.engine, ids, context.owner, due_at=until)
+    return send
+
+
+async def send_batched(
+    context: DeliveryContext, pairs: list[Pair], key_prefix: str, writes: BatchWrites
+) -> list[list[RequestResult]]:
+    """Send the messages of batching destinations; each message's results (one per endpoint), in ``pairs`` order."""
+    jobs = []
+    for group in _by_destination(pairs).values():
+        destination = group[0][1]
+        assert destination.batching is not None
+        messages = [(row.id, row.body) for row, _ in group]
+        for endpoint in destination.endpoints:
+            for batch in endpoint_batches(endpoint, destination.batching, key_prefix, messages):
+                jobs.append(_send(context, destination, endpoint, batch, key_prefix, writes))
+    results: dict[int, list[RequestResult]] = {row.id: [] for row, _ in pairs}
+    for sent in await asyncio.gather(*jobs):
+        for outbox_id, result in sent:
+            results[outbox_id].append(result)
+    return [results[row.id] for row, _ in pairs]
+
+
+async def _send(
+    context: DeliveryContext,
+    destination: ResolvedDestination,
+    endpoint: Endpoint,
+    items: list[Item],
+    key_prefix: str,
+    writes: BatchWrites,
+) -> list[tuple[int, RequestResult]]:
+    result = await context.sender.request(batch_request(endpoint, destination.signer, key_prefix, items))
+    context.stats.add_requests(destination.name, [result])
+    if result.status == 413 and len(items) > 1:
+        reason = f"batch of {len(items)} too large, sent again in halves"
+        writes.records.attempts.extend(Attempt(outbox_id, result.attempted_at, result.url, result.status, reason,
+                                               result.latency_ms, SPLIT) for outbox_id, _, _ in items)
+        half = len(items) // 2
+        first = await _send(context, destination, endpoint, items[:half], key_prefix, writes)
+        return first + await _send(context, destination, endpoint, items[half:], key_prefix, writes)
+    if result.error and result.error.startswith("timeout"):
+        logger.error("a batch of %d message(s) to %s timed out; it will be retried", len(items),
+                     display_url(result.url))
+    return [(outbox_id, result) for outbox_id, _, _ in items]
+
+
+def retry_together(rescheduled: list[Rescheduled], pairs: Sequence[Pair]) -> None:
+    """Make the messages of a destination that this try rescheduled for the same reason due at the earliest of
+    their times, so their batch is retried whole: never later than any message's own time (no deadline is passed),
+    never before a receiver's ``Retry-After`` (it is part of the reason)."""
+    destination_of = {row.id: destination.name for row, destination in pairs}
+    waiting = [entry for entry in rescheduled if entry.id in destination_of and entry.lease_owner is None]
+    earliest: dict[tuple[str, str | None], datetime] = {}
+    for entry in waiting:
+        group = destination_of[entry.id], entry.reason
+        earliest[group] = min(earliest.get(group, entry.next_attempt_at), entry.next_attempt_at)
+    for entry in waiting:
+        entry.next_attempt_at = earliest[destination_of[entry.id], entry.reason]

@@ -1,0 +1,109 @@
+"""``prefect-webhooks preview``: the exact requests a destination would make for some messages, without sending.
+
+Requests are shaped by the sender's own code (``request_shape``, ``batch_bodies``): method, URL, headers, body and
+signatures are what delivery sends, except the ids (``msg_preview_<n>`` instead of ``msg_<store key>_<outbox id>``)
+and ``webhook-timestamp`` (the time of the preview), which differ on every real request anyway. Secret header
+values are masked; the signatures are shown, since they are what a receiver checks. OAuth2 tokens are fetched only
+when a request is sent, so none is shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.blocks.endpoint import WebhookEndpoint
+from prefect_webhooks.blocks.endpoint_auth import BearerToken
+from prefect_webhooks.delivery.batch_bodies import batch_request, endpoint_batches
+from prefect_webhooks.delivery.destinations import resolve
+from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
+from prefect_webhooks.delivery.sender import display_url
+from prefect_webhooks.messages.payloads import serialize
+
+PREVIEW_KEY_PREFIX = "msg_preview_"
+MASK = "********"
+
+
+@dataclass(frozen=True)
+class PreviewedRequest:
+    """One request as it would be sent, secret header values masked."""
+
+    endpoint: int
+    """1-based position of the endpoint in the destination."""
+    method: str
+    url: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    notes: list[str]
+
+    def text(self) -> str:
+        """The request as text: a header line, the headers, a blank line, the body."""
+        lines = [f"{self.method} {self.url}  (endpoint {self.endpoint})"]
+        lines += [f"  note: {note}" for note in self.notes]
+        lines += [f"{name}: {value}" for name, value in self.headers]
+        return "\n".join(lines) + "\n\n" + self.body.decode("utf-8")
+
+
+def check_messages(document: Any) -> list[dict[str, Any]]:
+    """A previewed file's messages: one outbound message (a JSON object with a ``type``) or a list of them.
+
+    Raises:
+        ValueError: naming the item that is not a message.
+    """
+    messages = document if isinstance(document, list) else [document]
+    if not messages:
+        raise ValueError("the file holds an empty list; give one message or a list of them")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            where = f"item {index}" if isinstance(document, list) else "the message"
+            raise ValueError(f"{where} is not an outbound message (a JSON object with a string 'type')")
+    return messages
+
+
+def preview_requests(block: WebhookDestination, messages: Sequence[dict[str, Any]]) -> list[PreviewedRequest]:
+    """The requests ``block`` would make for ``messages`` (outbound bodies, in acceptance order)."""
+    destination = resolve("preview", block)
+    bodies = [(number, serialize(message)) for number, message in enumerate(messages, start=1)]
+    previews = []
+    for position, (saved, endpoint) in enumerate(zip(block.endpoints, destination.endpoints, strict=True), start=1):
+        if destination.batching is None:
+            requests = [shape_requests((endpoint,), destination.signer, f"{PREVIEW_KEY_PREFIX}{number}",
+                                       lambda shaped, body=body: shaped.render(body))[0] for number, body in bodies]
+        else:
+            requests = [batch_request(endpoint, destination.signer, PREVIEW_KEY_PREFIX, batch)
+                        for batch in endpoint_batches(endpoint, destination.batching, PREVIEW_KEY_PREFIX, bodies)]
+        secret_names = {name.lower() for name in saved.header_values()}
+        if isinstance(saved.auth, BearerToken):
+            secret_names.add(AUTHORIZATION_HEADER.lower())
+        notes = _notes(saved, len(requests))
+        previews += [_previewed(position, request, secret_names, notes) for request in requests]
+    return previews
+
+
+def _previewed(position: int, request: Request, secret_names: set[str], notes: list[str]) -> PreviewedRequest:
+    headers = [(name, _masked(name, value) if name.lower() in secret_names else value)
+               for name, value in request.headers.items()]
+    if request.endpoint.oauth2 is not None:
+        headers.append((AUTHORIZATION_HEADER, f"Bearer {MASK}"))
+    url = display_url(request.endpoint.url) + ("?" + MASK if urlsplit(request.endpoint.url).query else "")
+    return PreviewedRequest(position, request.endpoint.method, url, headers, request.body, notes)
+
+
+def _masked(name: str, value: str) -> str:
+    scheme, _, credentials = value.partition(" ")
+    # "Authorization: Bearer ********": the scheme tells how the receiver is authenticated, and is no secret.
+    return f"{scheme} {MASK}" if name.lower() == AUTHORIZATION_HEADER.lower() and credentials else MASK
+
+
+def _notes(saved: WebhookEndpoint, count: int) -> list[str]:
+    notes = []
+    if saved.auth is not None and not isinstance(saved.auth, BearerToken):
+        notes.append(f"OAuth2: a token from {display_url(saved.auth.token_url)} is fetched when it is sent")
+    if saved.client_certificate is not None:
+        notes.append("mutual TLS: the client certificate is presented during the TLS handshake")
+    if count > 1:
+        notes.append(f"one of {count} requests to this endpoint")
+    return notes

@@ -1,0 +1,107 @@
+"""What one request to one endpoint carries: its method, its body (the message, or what the endpoint's mapping
+makes of it) and its headers (static, bearer token, signatures, the message or batch id).
+
+The sender and ``prefect-webhooks preview`` both shape requests here, so a preview shows what is sent.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pydantic import SecretStr
+
+from prefect_webhooks.blocks.endpoint import WebhookEndpoint
+from prefect_webhooks.blocks.endpoint_auth import BearerToken, ClientCertificate, OAuth2ClientCredentials
+from prefect_webhooks.messages.mapping import Mapping, compile_mapping
+from prefect_webhooks.signing.headers import MessageSigner
+from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
+
+USER_AGENT = "prefect-webhooks/1.0"
+AUTHORIZATION_HEADER = "Authorization"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One URL ready to send to: the headers every request carries (static ones and a bearer token included), the
+    method, the compiled mapping, OAuth2 credentials to fetch a token with, and the client TLS context (mTLS)."""
+
+    url: str
+    headers: dict[str, str]
+    method: str = "POST"
+    mapping: Mapping | None = None
+    oauth2: OAuth2ClientCredentials | None = None
+    ssl: ssl.SSLContext | None = None
+
+    def render(self, body: bytes) -> bytes:
+        """The body this endpoint gets for one serialised message: the message itself, or its mapping."""
+        return body if self.mapping is None else self.mapping.render(body)
+
+
+def endpoint_of(endpoint: WebhookEndpoint, ca_file: str | None) -> Endpoint:
+    """Prepare a saved endpoint for sending (secrets in the clear, kept only in memory)."""
+    headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
+    headers.update(endpoint.header_values())
+    headers.pop(SIGNATURE_HEADER, None)
+    auth = endpoint.auth
+    if isinstance(auth, BearerToken):
+        headers[AUTHORIZATION_HEADER] = f"Bearer {auth.token.get_secret_value()}"
+    certificate = endpoint.client_certificate
+    return Endpoint(
+        url=endpoint.url,
+        headers=headers,
+        method=endpoint.method,
+        mapping=compile_mapping(endpoint.mapping) if endpoint.mapping is not None else None,
+        oauth2=auth if isinstance(auth, OAuth2ClientCredentials) else None,
+        ssl=_client_context(certificate, ca_file) if certificate is not None else None,
+    )
+
+
+def _client_context(certificate: ClientCertificate, ca_file: str | None) -> ssl.SSLContext:
+    password = certificate.private_key_password.get_secret_value() if certificate.private_key_password else None
+    return _context_for(certificate.certificate, certificate.private_key.get_secret_value(), password,
+                        certificate.ca_bundle, ca_file)
+
+
+@lru_cache(maxsize=64)
+def _context_for(
+    certificate: str, private_key: str, password: str | None, ca_bundle: str | None, ca_file: str | None
+) -> ssl.SSLContext:
+    # One context per certificate for the process: aiohttp pools connections per context, and a block reloaded every
+    # few seconds would otherwise open new TLS connections each time.
+    return ClientCertificate.model_construct(
+        certificate=certificate, private_key=SecretStr(private_key), ca_bundle=ca_bundle,
+        private_key_password=SecretStr(password) if password is not None else None,
+    ).ssl_context(ca_file)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request to send: where, what, and with which headers (an OAuth2 token is added when it is sent)."""
+
+    endpoint: Endpoint
+    body: bytes
+    headers: dict[str, str]
+
+
+def shape_requests(
+    endpoints: Sequence[Endpoint], signer: MessageSigner, key: str, body_for: Callable[[Endpoint], bytes]
+) -> list[Request]:
+    """The requests of one message or batch (id ``key``) to ``endpoints``; ``body_for`` gives each one's body.
+
+    Endpoints without a mapping share one body and one set of signatures (signed once).
+    """
+    shared: tuple[bytes, dict[str, str]] | None = None
+    requests = []
+    for endpoint in endpoints:
+        if endpoint.mapping is None and shared is not None:
+            body, signed = shared
+        else:
+            body = body_for(endpoint)
+            signed = signer.headers(body, key)
+            if endpoint.mapping is None:
+                shared = body, signed
+        requests.append(Request(endpoint, body, {**endpoint.headers, **signed}))
+    return requests

@@ -1,0 +1,78 @@
+"""serve's pruner: a pass every PREFECT_WEBHOOKS_RETENTION_INTERVAL, as a tagged prune flow run, and the store pruned
+all the same while the Prefect API cannot be reached."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from sqlalchemy import func, select, update
+
+from prefect_webhooks.flows.old_runs import OUR_TAG
+from prefect_webhooks.messages.outcomes import DELIVERED
+from prefect_webhooks.serving.pruner import prune_every, run_one_pass
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.tables import store_now
+from tests.servers import free_port
+
+
+def _old_delivered_rows(count: int) -> None:
+    enqueue("crm", [{"type": "track", "userId": "u", "event": "E"}] * count, source="web")
+    with get_engine().begin() as connection:
+        connection.execute(update(OUTBOX).values(state=DELIVERED, next_attempt_at=store_now() - timedelta(hours=1)))
+
+
+def _outbox_rows() -> int:
+    with get_engine().connect() as connection:
+        return connection.execute(select(func.count()).select_from(OUTBOX)).scalar_one()
+
+
+async def _prune_runs() -> list:
+    async with get_client() as client:
+        return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["prune"])), limit=50)
+
+
+async def test_passes_come_every_interval_as_tagged_prune_runs(
+    prefect_harness: None, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "60s")
+    get_settings.cache_clear()
+    before = {run.id for run in await _prune_runs()}
+    _old_delivered_rows(3)
+    stop = threading.Event()
+    pruner = threading.Thread(target=prune_every, args=(1.0, stop))
+    pruner.start()
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            runs = [run for run in await _prune_runs() if run.id not in before and run.state and run.state.is_final()]
+            if len(runs) >= 2:
+                break
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        pruner.join(30)
+    assert not pruner.is_alive()
+    assert len(runs) >= 2 and all(OUR_TAG in run.tags and run.state.is_completed() for run in runs)
+    assert _outbox_rows() == 0
+
+
+def test_without_prefect_the_store_is_pruned_all_the_same(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "60s")
+    get_settings.cache_clear()
+    _old_delivered_rows(2)
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}), caplog.at_level(
+            logging.INFO, logger="prefect_webhooks.pruner"):
+        run_one_pass()
+    assert _outbox_rows() == 0
+    assert "pruning the store without a flow run" in caplog.text and "pruned 2 delivered" in caplog.text

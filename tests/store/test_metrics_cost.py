@@ -1,0 +1,65 @@
+"""Monitoring costs O(destinations), not O(history): the plan of the gauge query reads pending rows only."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from prefect_webhooks.messages.outcomes import DELIVERED
+from prefect_webhooks.store.counters import add_outcomes
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.metrics import backlog_snapshot, pending_gauge_query
+from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.tables import store_now
+
+HISTORY = 20_000
+PENDING_ROWS = 5
+
+
+def _with_history(engine: Engine) -> None:
+    """``HISTORY`` delivered rows (bulk-inserted, as a month of traffic leaves them) and a few pending ones."""
+    enqueue("crm", [{"type": "track", "userId": f"u{n}", "event": "E"} for n in range(PENDING_ROWS)])
+    columns = ("destination, message_type, user_id, body, state, attempts, created_at, next_attempt_at")
+    if engine.dialect.name == "sqlite":
+        rows = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :history) "
+                "SELECT 'crm', 'track', 'u' || i, x'7b7d', 'delivered', 1, '2026-01-01 00:00:00.000000', "
+                "'2026-01-01 00:00:01.000000' FROM n")
+    else:
+        rows = ("SELECT 'crm', 'track', 'u' || i, '\\x7b7d'::bytea, 'delivered', 1, timestamp '2026-01-01', "
+                "timestamp '2026-01-01 00:00:01' FROM generate_series(1, :history) AS i")
+    with engine.begin() as connection:
+        connection.execute(text(f"INSERT INTO outbox ({columns}) {rows}"), {"history": HISTORY})
+        add_outcomes(connection, {("crm", DELIVERED): HISTORY})
+        connection.exec_driver_sql("ANALYZE")
+
+
+def _compiled(engine: Engine) -> str:
+    query = pending_gauge_query(store_now())
+    return str(query.compile(engine, compile_kwargs={"literal_binds": True}))
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(child for sub in node.get("Plans", []) for child in _plan_nodes(sub))]
+
+
+def test_the_gauges_read_no_delivered_row(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    _with_history(engine)
+    with engine.connect() as connection:
+        if engine.dialect.name == "sqlite":
+            plan = [row[-1] for row in connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {_compiled(engine)}")]
+            # A search of the due index on state = 'pending': no scan of the table, so no delivered row is read.
+            assert any("outbox USING" in step and "INDEX ix_outbox_due (state=?)" in step for step in plan), plan
+            assert not any(step.startswith("SCAN outbox") for step in plan), plan
+        else:
+            raw = connection.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {_compiled(engine)}").scalar_one()
+            document = raw if isinstance(raw, list) else json.loads(raw)
+            nodes = [node for node in _plan_nodes(document[0]["Plan"]) if node.get("Relation Name") == "outbox"]
+            assert nodes and all(node["Node Type"] != "Seq Scan" for node in nodes), nodes
+            # Executed, the outbox scan handed on the pending rows and nothing else.
+            assert sum(node["Actual Rows"] for node in nodes) == PENDING_ROWS, nodes
+    totals = backlog_snapshot(engine)["totals"]
+    assert (totals["pending"], totals["delivered"]) == (PENDING_ROWS, HISTORY)

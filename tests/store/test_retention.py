@@ -1,0 +1,266 @@
+"""Retention on both stores: what a pruning pass may remove, what it must keep, and that it keeps out of the way."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select, update
+
+from prefect_webhooks.deletions.processing import process_deletion, sources_with_events
+from prefect_webhooks.deletions.requests import pending_requests, request_deletion
+from prefect_webhooks.messages.outcomes import (
+    DELIVERED,
+    FAILED,
+    FILTERED,
+    PENDING,
+    Attempt,
+    Delivered,
+    Failed,
+    Filtered,
+    OutcomeRecords,
+)
+from prefect_webhooks.store.counters import outcome_totals
+from prefect_webhooks.store.engines import dispose_engines, get_engine, insert_rows
+from prefect_webhooks.store.leases import release_lease, take_lease
+from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.retention import PRUNE_LEASE, SEEN, RetentionPolicy, prune_store
+from prefect_webhooks.store.tables import store_now
+
+POLICY = RetentionPolicy(delivered_seconds=60, failed_seconds=3600, seen_seconds=600)
+
+
+def track(user: str) -> dict[str, str]:
+    return {"type": "track", "userId": user, "event": "E"}
+
+
+def finish(engine, outcomes: Sequence[str]) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+    """Claim the due rows and end them with ``outcomes`` in turn (through ``record_outcomes``); ids per outcome."""
+    rows = sorted(claim_due_deliveries(engine, 1000, "test-owner"), key=lambda row: row.id)
+    now = store_now()
+    records = OutcomeRecords()
+    ids: dict[str, list[int]] = {}
+    for row, outcome in zip(rows, outcomes, strict=False):
+        ids.setdefault(outcome, []).append(row.id)
+        if outcome == DELIVERED:
+            records.delivered.append(Delivered(row.id, 1, now, now, row.destination))
+        elif outcome == FAILED:
+            records.failed.append(Failed(row.id, "permanent: HTTP 410", 1, now, row.destination))
+        elif outcome == FILTERED:
+            records.filtered.append(Filtered(row.id, "filtered: rule", row.destination))
+        if outcome != FILTERED:
+            records.attempts.append(Attempt(row.id, now, "http://127.0.0.1:9/hook", 200, None, 1.0, "delivered"))
+    record_outcomes(engine, records)
+    return ids
+
+
+def states(engine) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    with engine.connect() as connection:
+        return dict(connection.execute(select(OUTBOX.c.id, OUTBOX.c.state)).all())
+
+
+def attempt_ids(engine) -> set[int]:  # type: ignore[no-untyped-def]
+    with engine.connect() as connection:
+        return set(connection.execute(select(ATTEMPTS.c.outbox_id)).scalars())
+
+
+def test_each_state_goes_after_its_own_retention_and_pending_never(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    # Pending rows from last year, never attempted: older than any retention, still never pruned.
+    enqueue("crm", [track("old")], source="web")
+    with engine.begin() as connection:
+        connection.execute(update(OUTBOX).values(created_at=datetime(2025, 1, 1), next_attempt_at=datetime(2099, 1, 1)))
+    enqueue("crm", [track(f"u{n}") for n in range(6)], source="web")
+    ids = finish(engine, [DELIVERED, DELIVERED, FILTERED, FAILED, FAILED])
+    now = store_now()
+
+    early = prune_store(engine, POLICY, now=now + timedelta(seconds=30))
+    assert early.messages_removed() == 0 and len(states(engine)) == 7
+
+    report = prune_store(engine, POLICY, now=now + timedelta(seconds=120))
+    assert (report.removed[DELIVERED], report.removed[FILTERED], report.removed[FAILED]) == (2, 1, 0)
+    kept = states(engine)
+    assert sorted(kept.values()) == [FAILED, FAILED, PENDING, PENDING]
+    # Attempts go with their message, and only theirs.
+    assert report.removed["attempts"] == 2
+    assert attempt_ids(engine) == set(ids[FAILED])
+
+    late = prune_store(engine, POLICY, now=now + timedelta(days=365))
+    assert late.removed[FAILED] == 2 and late.removed["attempts"] == 2
+    assert sorted(states(engine).values()) == [PENDING, PENDING]
+    assert attempt_ids(engine) == set()
+    assert late.oldest_kept[PENDING] is not None and late.oldest_kept[DELIVERED] is None
+
+
+def test_rows_of_a_user_whose_deletion_is_waiting_are_kept_then_pruned(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("leaving"), track("staying")], source="web")
+    finish(engine, [DELIVERED, DELIVERED])
+    request_deletion("leaving")
+    later = store_now() + timedelta(hours=1)
+
+    assert prune_store(engine, POLICY, now=later).removed[DELIVERED] == 1
+    with engine.connect() as connection:
+        assert connection.execute(select(OUTBOX.c.user_id)).scalars().all() == ["leaving"]
+    # The waiting request still finds the source from the kept row; once it is processed the row may go.
+    (request,) = pending_requests()
+    assert sources_with_events("leaving") == ["web"]
+    process_deletion(request, {"web": []})
+    assert prune_store(engine, POLICY, now=later + timedelta(hours=1)).removed[DELIVERED] >= 1
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(OUTBOX).where(
+            OUTBOX.c.state == DELIVERED)).scalar_one() == 0
+
+
+def test_an_unscoped_deletion_still_finds_sources_whose_rows_were_pruned(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("anna")], source="web")
+    enqueue("crm", [track("anna")], source="ios")
+    finish(engine, [DELIVERED, DELIVERED])
+    assert prune_store(engine, POLICY, now=store_now() + timedelta(hours=1)).removed[DELIVERED] == 2
+    assert sources_with_events("anna") == ["ios", "web"]
+    request_deletion("anna")
+    (request,) = pending_requests()
+    process_deletion(request, {"ios": [], "web": []})
+    # The deletion removed what retention remembered about the user.
+    assert sources_with_events("anna") == []
+
+
+def test_remembered_message_ids_expire_in_bounded_batches(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    now = store_now()
+    with engine.begin() as connection:
+        insert_rows(connection, SEEN, [{"source": "web", "message_id": f"m{n}", "received_at": now - timedelta(
+            seconds=900 if n < 7 else 10)} for n in range(10)])
+    pauses: list[float] = []
+    report = prune_store(engine, RetentionPolicy(60, 3600, 600, batch_rows=3), now=now, sleep=pauses.append)
+    assert report.removed["seen_message_ids"] == 7
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(SEEN)).scalar_one() == 3
+    # 7 ids at 3 per transaction: 3, 3, 1 — each full batch followed by a pause.
+    assert len(pauses) == 2
+
+
+def test_messages_go_in_transactions_of_at_most_batch_rows(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track(f"u{n}") for n in range(10)], source="web")
+    finish(engine, [DELIVERED] * 10)
+    pauses: list[float] = []
+    report = prune_store(engine, RetentionPolicy(60, 3600, 600, batch_rows=4), now=store_now() + timedelta(hours=1),
+                         sleep=pauses.append)
+    assert report.removed[DELIVERED] == 10
+    # Delivered: 4, 4, 2; then one (empty) transaction each for filtered, failed and message ids.
+    assert report.batches == 6 and len(pauses) == 2
+
+
+def test_one_pass_at_a_time(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u")], source="web")
+    finish(engine, [DELIVERED])
+    assert take_lease(engine, PRUNE_LEASE, "other-host:1:abc", 60)
+    report = prune_store(engine, POLICY, now=store_now() + timedelta(hours=1))
+    assert report.skipped and report.messages_removed() == 0 and len(states(engine)) == 1
+    release_lease(engine, PRUNE_LEASE, "other-host:1:abc")
+    assert prune_store(engine, POLICY, now=store_now() + timedelta(hours=1)).removed[DELIVERED] == 1
+    # The pass gave its lease back: the next one may run at once.
+    assert take_lease(engine, PRUNE_LEASE, "other-host:1:abc", 60)
+
+
+def test_counters_stay_exact_across_a_prune_a_purge_and_a_restart(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track(f"u{n}") for n in range(5)], source="web")
+    enqueue("crm", [track("leaving")], source="web")
+    finish(engine, [DELIVERED, DELIVERED, FAILED, FILTERED, FILTERED])
+    request_deletion("leaving")
+    (request,) = pending_requests()
+    process_deletion(request, {"web": []})  # the user's pending message is dropped: one more failure
+    expected = {"crm": {DELIVERED: 2, FAILED: 2, FILTERED: 2}}
+    with engine.connect() as connection:
+        assert outcome_totals(connection) == expected
+    prune_store(engine, POLICY, now=store_now() + timedelta(days=30))
+    assert len(states(engine)) == 0
+    dispose_engines()
+    with get_engine(backend_url).connect() as connection:
+        assert outcome_totals(connection) == expected
+
+
+def test_an_older_store_gets_its_counters_from_its_rows_once(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track(f"u{n}") for n in range(3)], source="web")
+    with engine.begin() as connection:
+        # A store of the previous release: outcomes in the rows, no counters, no upgrade marker.
+        connection.execute(update(OUTBOX).where(OUTBOX.c.id <= 2).values(state=DELIVERED))
+        connection.exec_driver_sql("DELETE FROM outcome_counters")
+        connection.exec_driver_sql("DELETE FROM store_upgrades")
+    dispose_engines()
+    engine = get_engine(backend_url)
+    with engine.connect() as connection:
+        assert outcome_totals(connection) == {"crm": {DELIVERED: 2}}
+    dispose_engines()
+    with get_engine(backend_url).connect() as connection:
+        assert outcome_totals(connection) == {"crm": {DELIVERED: 2}}
+
+
+def test_a_prune_racing_claims_loses_nothing_and_never_deadlocks(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    total = 600
+    enqueue("crm", [track(f"u{n % 40}") for n in range(total)], source="web")
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def deliver() -> None:
+        try:
+            while True:
+                rows = claim_due_deliveries(engine, 25, "racer")
+                if not rows:
+                    return
+                now = store_now()
+                record_outcomes(engine, OutcomeRecords(
+                    delivered=[Delivered(row.id, 1, now, now, row.destination) for row in rows],
+                    attempts=[Attempt(row.id, now, "http://127.0.0.1:9/", 200, None, 1.0, DELIVERED) for row in rows]))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    def prune() -> None:
+        try:
+            # Every delivered row is past its retention at once: the passes chase the deliveries.
+            while not done.is_set():
+                prune_store(engine, RetentionPolicy(0.001, 0.001, 600, batch_rows=10),
+                            now=store_now() + timedelta(seconds=1), sleep=lambda _: None)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=deliver), threading.Thread(target=deliver), threading.Thread(target=prune)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == [] and not any(thread.is_alive() for thread in threads)
+    # Every message was delivered and counted exactly once; no pending row was removed.
+    with engine.connect() as connection:
+        assert outcome_totals(connection) == {"crm": {DELIVERED: total}}
+        assert connection.execute(select(func.count()).select_from(OUTBOX).where(
+            OUTBOX.c.state == PENDING)).scalar_one() == 0
+        kept = connection.execute(select(func.count()).select_from(OUTBOX)).scalar_one()
+        kept_attempts = connection.execute(select(func.count()).select_from(ATTEMPTS)).scalar_one()
+    assert kept == kept_attempts  # attempts went with exactly their messages
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("15m", 900), ("24h", 86400), ("7d", 604800)])
+def test_retention_settings_read_durations(text: str, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_webhooks.settings import WebhooksSettings
+
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", text)
+    assert WebhooksSettings().retention.retention_delivered == seconds
+
+
+def test_a_bad_duration_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_webhooks.settings import WebhooksSettings
+
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_FAILED", "a week")
+    with pytest.raises(ValueError, match=r"retention_failed[\s\S]*not a duration: 'a week'"):
+        WebhooksSettings()

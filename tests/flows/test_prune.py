@@ -65,9 +65,9 @@ async def test_a_pass_prunes_the_store_shows_a_table_and_removes_only_our_old_ru
         old_ours = ours(return_state=True).state_details.flow_run_id
     old_foreign = foreign(return_state=True).state_details.flow_run_id
     async with get_client() as client:
-        # A run that never started (superseded by the catch-up after an outage): no start time, counted from its slot.
+        # A run that never started (superseded by the catch-up after an outage): the oldest Prefect we support leaves
+        # its start time empty (it counts from its slot then); newer ones set it to the time it ended.
         never_started = (await client.create_flow_run(ours, tags=[OUR_TAG], state=Cancelled(message="superseded"))).id
-        assert (await client.read_flow_run(never_started)).start_time is None
     await asyncio.sleep(1.5)
     monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "1s")
     monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_RUNS", "1s")

@@ -17,6 +17,7 @@ what they learn.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 import httpx
 from prefect.client.orchestration import get_client
+from prefect.context import AsyncClientContext, SyncClientContext
 
 from prefect_webhooks.settings import get_settings
 
@@ -121,7 +123,7 @@ class PrefectApi:
                            "Prefect would record waits for its return", type(exc).__name__ if exc else "no answer")
         if self._probe is None or self._probe.done():
             try:
-                self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
+                self._probe = _start_outside_runs(self._probe_until_back())
             except RuntimeError:  # no running loop (a sync caller): the next async call probes
                 self._probe = None
 
@@ -133,7 +135,7 @@ class PrefectApi:
         self.reachable, self.down_since = True, None
         logger.warning("the Prefect API answers again after %.0f s", down_for)
         for callback in list(self._on_back):
-            task = asyncio.get_running_loop().create_task(_run_logged(callback))
+            task = _start_outside_runs(_run_logged(callback))
             _background.add(task)
             task.add_done_callback(_background.discard)
 
@@ -160,6 +162,16 @@ class PrefectApi:
 
 
 _background: set[asyncio.Task[Any]] = set()
+
+
+def _start_outside_runs(work: Awaitable[T]) -> asyncio.Task[T]:
+    """Start ``work`` as a task of its own that does not inherit the Prefect client of the flow run it was noticed
+    in: that client is closed when the run ends, and ``get_client()`` in the probe or in the work left for the
+    return (publishing a run's artifacts) would hand it out ("cannot be started again after closing")."""
+    context = contextvars.copy_context()
+    context.run(AsyncClientContext.__var__.set, None)  # type: ignore[arg-type]
+    context.run(SyncClientContext.__var__.set, None)  # type: ignore[arg-type]
+    return context.run(asyncio.get_running_loop().create_task, work)  # type: ignore[arg-type]
 
 
 async def _run_logged(callback: Callable[[], Awaitable[Any]]) -> None:

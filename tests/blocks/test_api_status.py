@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.context import AsyncClientContext
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from prefect_webhooks.blocks.api_status import PrefectApi, PrefectApiUnavailable, is_unreachable
@@ -53,6 +54,7 @@ async def test_a_refused_api_is_marked_down_and_then_not_called_at_all(prefect_h
 async def test_a_hung_api_costs_a_caller_at_most_the_wait(prefect_harness: None) -> None:
     api = PrefectApi(wait_seconds=0.5, probe_seconds=30)
     with switched_api() as switch:
+        await health()  # the client's first connection and API check, outside the bound (slow on a loaded machine)
         await api.call(health)
         switch.hang()
         started = time.monotonic()
@@ -81,6 +83,28 @@ async def test_the_probe_finds_the_api_back_and_runs_what_waited(prefect_harness
         await asyncio.wait_for(back.wait(), 10)
         assert api.reachable and api.outages == 1
         await api.call(health)
+
+
+async def test_an_outage_noticed_in_a_flow_run_is_followed_after_that_run_closed_its_client(
+    prefect_harness: None,
+) -> None:
+    api = PrefectApi(wait_seconds=2, probe_seconds=0.2)
+    recorded = asyncio.Event()
+
+    async def record() -> None:
+        await health()  # the work left for the return calls Prefect with a client of its own
+        recorded.set()
+
+    api.on_back(record)
+    with switched_api() as switch:
+        # A flow run's client (its context's): the run notices the outage, then ends and closes it.
+        async with AsyncClientContext():
+            switch.down()
+            with pytest.raises(PrefectApiUnavailable):
+                await api.call(health)
+        switch.up()
+        await asyncio.wait_for(recorded.wait(), 10)
+    assert api.reachable
 
 
 async def test_an_answer_that_is_an_error_is_not_an_outage(prefect_harness: None) -> None:

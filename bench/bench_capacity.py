@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_capacity.py                        # SQLite, one serve, steps up to the limit
     .venv/bin/python bench/bench_capacity.py --store postgresql --ingest-workers 1 2 --delivery-workers 1 2
     .venv/bin/python bench/bench_capacity.py --quick                # 20 s steps, for a first look
+    .venv/bin/python bench/bench_capacity.py --no-references --rates 2000 --step-seconds 90 --prefect-outage 30
 
 What runs, each in its own process: a Prefect server (``prefect server start``, SQLite, as a user's embedded
 default), ``prefect-webhooks serve`` (ingest API, delivery worker(s), runner for the other deployments) on a SQLite
@@ -26,6 +27,11 @@ In the same run, before the steps, the references:
 - ingest ceiling, the durable floor (``bench/durable_floor.py``): an endpoint that only parses the same batches
   and commits the same rows to the same store with the same group commit, events/s with closed-loop clients; the
   ingest API is measured the same way, and its share of the floor printed (target >= 50 %).
+
+Fault step (``--prefect-outage SECONDS``, ``bench/outage_fault.py``): during the first step of each configuration
+the Prefect server is SIGKILLed ``--outage-at`` seconds in and started again on the same port SECONDS later; the
+step also reports messages/s delivered before, during and after the outage (the rate before is the reference), how
+long after the server's return delivery was back to normal, and the flow runs Prefect shows for the step.
 
 The capacity is also given as a share of the lower of the two ceilings. The exit status is 1 when a check fails
 (a call lost, left pending or failed; a reference that could not run) and 2 when ``--target`` is not reached.
@@ -55,6 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
+
+from outage_fault import Outage, PrefectServerProcess, report  # noqa: E402
 
 DESTINATION = "bench-dest"
 SOURCE = "bench-source"
@@ -324,14 +332,6 @@ def started(command: list[str], *, env: dict[str, str], log: Path, sig: int = si
 # ------------------------------------------------------------------------------------------------ the parts
 
 
-def prefect_server(workdir: Path, env: dict[str, str]):
-    port = free_port()
-    server_env = {**env, "PREFECT_HOME": str(workdir / "prefect-server"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                  "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
-    return port, started([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                          str(port)], env=server_env, log=workdir / "prefect-server.log")
-
-
 def recorder(workdir: Path):
     port = free_port()
     return port, started([sys.executable, str(BENCH / "recorder.py"), str(port)], env=dict(os.environ),
@@ -569,6 +569,7 @@ class StepResult:
     store_detail: str = ""
     drain_seconds: float = 0.0
     worst_seconds: list[tuple[int, float]] = field(default_factory=list)
+    fault: str = ""
 
     @property
     def held(self) -> bool:
@@ -578,7 +579,8 @@ class StepResult:
 
 
 def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str, auth: str, receiver_port: int,
-             store_url: str, procs: Processes, totals: dict[str, int], run: str) -> StepResult:
+             store_url: str, procs: Processes, totals: dict[str, int], run: str,
+             outage: Outage | None = None) -> StepResult:
     result = StepResult(rate=rate, load=os.getloadavg()[0])
     pending_before = pending_count(store_url)
     cpu_before = procs.cpu()
@@ -587,8 +589,13 @@ def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str,
     spec = {"url": f"{ingest_url}/v1/batch", "auth": auth, "batch": args.batch, "seconds": args.step_seconds,
             "step": step, "rate": rate, "first": 0, "run": run}
     generator = start_generator(spec)
+    if outage is not None:
+        outage.begin(started_at)
     procs.generator = [generator.pid]
     generated = finish_generator(generator, args.step_seconds + 300)
+    if outage is not None:
+        outage.finish()
+        procs.prefect_server = outage.server.pid
     procs.generator, procs.generator_cpu = [], procs.generator_cpu + generated["cpu"]
     ended_at = time.time()
     result.backlog_growth = pending_count(store_url) - pending_before
@@ -623,6 +630,9 @@ def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str,
     worst = sorted(((delay, int(second) - int(started_at)) for second, delay in stats["worst_per_second"].items()),
                    reverse=True)[:5]
     result.worst_seconds = [(at, delay) for delay, at in worst]
+    if outage is not None:
+        result.fault = report(outage, {int(second): count for second, count in stats["per_second"].items()}, rate,
+                              ended_at, started_at)
     totals["accepted"] += result.accepted
     counts = store_counts(store_url)
     expected = {"delivered": totals["accepted"]} if totals["accepted"] else {}
@@ -654,6 +664,8 @@ def print_step(result: StepResult) -> None:
     if result.p99 is not None and result.p99 > P99_LIMIT / 2:
         worst = ", ".join(f"+{at} s: {delay * 1000:,.0f} ms" for at, delay in result.worst_seconds)
         print(f"          longest delays by second of arrival: {worst}", flush=True)
+    if result.fault:
+        print(result.fault, flush=True)
 
 
 @dataclass
@@ -678,7 +690,8 @@ def serve_command(config: Config, port: int) -> list[str]:
 
 
 def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postgres: Postgres | None,
-               env: dict[str, str], auth: str, receiver_port: int, procs: Processes) -> dict[str, Any]:
+               env: dict[str, str], auth: str, receiver_port: int, procs: Processes,
+               server: PrefectServerProcess | None = None) -> dict[str, Any]:
     store_url = fresh_store(config.store, workdir, postgres, f"serve-{uuid.uuid4().hex[:6]}")
     port = free_port()
     serve_env = {**env, "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
@@ -717,8 +730,11 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
               f"after {api_ready:.1f} s)", flush=True)
         time.sleep(args.settle)
         for number, rate in enumerate(args.rates, start=first_step + 1):
+            # The Prefect-outage fault step: the first step of the configuration.
+            outage = (Outage(server, args.outage_at, args.prefect_outage, wait_http)
+                      if args.prefect_outage and server and number == first_step + 1 else None)
             result = run_step(number, rate, args, ingest_url=ingest_url, auth=auth, receiver_port=receiver_port,
-                              store_url=store_url, procs=procs, totals=totals, run=run)
+                              store_url=store_url, procs=procs, totals=totals, run=run, outage=outage)
             results.append(result)
             print_step(result)
             if not result.store_ok or result.lost:
@@ -769,6 +785,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keep-workdir", action="store_true")
     parser.add_argument("--serve-root", default=None,
                         help="run serve from another checkout of the project (before/after comparisons)")
+    parser.add_argument("--prefect-outage", type=float, default=None, metavar="SECONDS",
+                        help="fault step: during the first step of each configuration, SIGKILL the Prefect server and "
+                        "start it again on the same port SECONDS later")
+    parser.add_argument("--outage-at", type=float, default=20.0, metavar="SECONDS",
+                        help="with --prefect-outage: seconds into the step when the server is killed")
     parser.add_argument("--generator", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
@@ -794,12 +815,11 @@ def main() -> int:
     outcomes: list[dict[str, Any]] = []
     references: dict[str, dict[str, float]] = {}
     with ExitStack() as stack:
-        server_port, server_cm = prefect_server(workdir, env)
-        server = stack.enter_context(server_cm)
+        server = stack.enter_context(PrefectServerProcess(workdir, env, free_port()))
         receiver_port, receiver_cm = recorder(workdir)
         receiver = stack.enter_context(receiver_cm)
         postgres = stack.enter_context(Postgres(args.postgres)) if "postgresql" in args.store else None
-        api_url = f"http://127.0.0.1:{server_port}/api"
+        api_url = server.url
         env["PREFECT_API_URL"] = api_url
         os.environ.update({"PREFECT_API_URL": api_url, "PREFECT_HOME": env["PREFECT_HOME"]})
         wait_http(f"{api_url}/health", server, 120, "Prefect server")
@@ -831,7 +851,7 @@ def main() -> int:
             procs.postgres = postgres.pid if postgres is not None and config.store == "postgresql" else None
             try:
                 outcome = run_config(config, args, workdir=workdir, postgres=postgres, env=env, auth=auth,
-                                     receiver_port=receiver_port, procs=procs)
+                                     receiver_port=receiver_port, procs=procs, server=server)
             except (RuntimeError, TimeoutError) as exc:
                 print(f"  FAILED: {exc} (logs in {workdir})", flush=True)
                 exit_code = 1

@@ -249,10 +249,22 @@ def main(
         typer.Option(help="Serve prune/retention too; --no-prune when serve's pruner runs the passes."),
     ] = True,
 ) -> None:
-    """Serve every deployment (deployments file and audiences file) until SIGTERM/SIGINT."""
+    """Serve every deployment (deployments file and audiences file) until SIGTERM/SIGINT.
+
+    It serves only once the Prefect API answers, after settling the runs an outage left, and stops when the API has
+    been unreachable for a while (``deployments.outages``): ``prefect-webhooks serve`` starts it again.
+    """
     from prefect import serve
 
-    serve(*build_deployments(deliver=deliver, prune=prune), limit=limit, print_starting_message=False)
+    from prefect_webhooks.deployments.outages import restart_when_unreachable, settle_missed_runs, wait_for_api
+
+    deployments = build_deployments(deliver=deliver, prune=prune)
+    wait_for_api()
+    settle_missed_runs(deployments)
+    if not deliver:
+        # Not while it runs deliver/continuous itself (no delivery workers): its runs deliver through an outage.
+        restart_when_unreachable()
+    serve(*deployments, limit=limit, print_starting_message=False)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,16 @@ members, added, removed, changed and unchanged users and the messages queued.
 # without this module's namespace, so the annotations must be objects, not strings.
 
 from collections.abc import Callable, Sequence
+from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import State
 
 from prefect_webhooks.audiences.sync import AudienceDefinition, AudienceError, SyncResult, sync_audience
+from prefect_webhooks.flows.catch_up import superseded
 from prefect_webhooks.inbound.sources import read_source
 
 PROGRESS_STEP = 2.0
@@ -89,17 +92,23 @@ def result_table(result: SyncResult) -> list[dict[str, object]]:
 
 
 @flow(name="audience-sync", log_prints=False)
-def audience_sync(definition: AudienceDefinition, allow_empty: bool = False) -> SyncResult:
+def audience_sync(definition: AudienceDefinition, allow_empty: bool = False) -> SyncResult | State[Any]:
     """Sync one audience or computed trait to the Webhooks destinations of its sources.
+
+    A scheduled run that a later due scheduled run covers (slots missed while Prefect was down) ends ``Cancelled``
+    at once: the later one syncs the newest snapshot (``flows.catch_up``).
 
     Args:
         definition: The audience or computed trait (name, sources, snapshot provider, columns).
         allow_empty: Accept an empty snapshot after a non-empty one (sends ``false`` to every member).
 
     Returns:
-        Per-destination counts of the sync.
+        Per-destination counts of the sync (or the ``Cancelled`` state of a superseded run).
     """
     logger = get_run_logger()
+    if (skipped := superseded()) is not None:
+        logger.info("%s", skipped.message)
+        return skipped
     destinations_of = read_source_destinations(definition.sources)
     result = sync_snapshot(definition, destinations_of, allow_empty)
     create_table_artifact(

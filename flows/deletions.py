@@ -14,13 +14,16 @@ rows purged and whether the user is suppressed. The user id appears only as a ha
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import State
 
 from prefect_webhooks.deletions.processing import DeletionOutcome, affected_sources, process_deletion
 from prefect_webhooks.deletions.requests import PendingRequest, pending_requests, request_deletion, user_reference
+from prefect_webhooks.flows.catch_up import superseded
 from prefect_webhooks.inbound.sources import read_source
 
 ARTIFACT_KEY = "deletion-requests"
@@ -72,8 +75,11 @@ def deletions(
     sources: list[str] | None = None,
     suppress: bool = False,
     request_id: int | None = None,
-) -> list[DeletionOutcome]:
+) -> list[DeletionOutcome] | State[Any]:
     """Process deletion requests: the one given (by ``user_id`` or ``request_id``), else every pending one.
+
+    A scheduled run that a later due scheduled run covers (slots missed while Prefect was down) ends ``Cancelled``
+    at once: the later one processes everything pending (``flows.catch_up``).
 
     Args:
         user_id: Record a new request for this user and process only it.
@@ -82,9 +88,12 @@ def deletions(
         request_id: Process only this recorded request.
 
     Returns:
-        The outcome of each processed request.
+        The outcome of each processed request (or the ``Cancelled`` state of a superseded run).
     """
     logger = get_run_logger()
+    if (skipped := superseded()) is not None:
+        logger.info("%s", skipped.message)
+        return skipped
     if user_id is not None:
         request_id = request_deletion(user_id, sources, suppress)
     requests = pending_requests(request_ids=[request_id] if request_id is not None else None)

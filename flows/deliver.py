@@ -3,22 +3,31 @@
 Run it once to drain what is due, or with ``run_for_seconds`` to keep delivering in near real time (it claims
 again every ``idle_sleep`` seconds while nothing is due, at once again while a backlog fills whole batches). Each run
 publishes one table artifact per endpoint, one per destination whose filters dropped messages, and ends the secret
-rotations whose window is over.
+rotations whose window is over. When the Prefect API cannot be reached at the end of a run, a delivery worker
+publishes its artifacts once the API answers again; elsewhere the run logs them as not recorded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
-from prefect import flow
-from prefect.artifacts import acreate_table_artifact
+from prefect import flow, get_client
+from prefect.artifacts import TableArtifact
+from prefect.client.schemas.actions import ArtifactCreate
 from prefect.logging import get_run_logger
+from prefect.utilities.context import get_task_and_flow_run_ids
 
+from prefect_webhooks.blocks.api_status import PrefectApiUnavailable, prefect_api
 from prefect_webhooks.blocks.rotation import afinish_rotations
-from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, deliver_due
+from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, current_shift, deliver_due
 from prefect_webhooks.utilities.sync_flows import sync_compatible
+
+# Publishing a run's artifacts takes one call per endpoint; it happens after the run's last batch, off the data path.
+ARTIFACTS_WAIT_SECONDS = 15.0
 
 
 def _slug(destination: str) -> str:
@@ -35,11 +44,13 @@ def filtered_artifact_key(destination: str) -> str:
     return f"filtered-{_slug(destination)}-{hashlib.sha1(destination.encode()).hexdigest()[:10]}"
 
 
-async def publish_endpoint_artifacts(stats: DeliveryStats) -> int:
-    """One table artifact per endpoint: delivered, retried and failed requests, p50/p95 latency."""
+def run_artifacts(stats: DeliveryStats) -> list[TableArtifact]:
+    """A run's table artifacts: one per endpoint (requests delivered, retried, failed, p50/p95 latency) and one per
+    destination whose filters dropped messages (a row per rule)."""
+    artifacts = []
     for endpoint in stats.endpoints.values():
         row = endpoint.row()
-        await acreate_table_artifact(
+        artifacts.append(TableArtifact(
             table=[row],
             key=artifact_key(endpoint.destination, endpoint.url),
             description=(
@@ -47,26 +58,51 @@ async def publish_endpoint_artifacts(stats: DeliveryStats) -> int:
                 "retryable failures (timeouts, connection errors, 5xx, 408, 429) retried, other outcomes failed; "
                 "latency in milliseconds."
             ),
-        )
-    return len(stats.endpoints)
-
-
-async def publish_filtered_artifacts(stats: DeliveryStats) -> int:
-    """One table artifact per destination whose filters dropped messages in this run: a row per rule."""
+        ))
     by_destination: dict[str, list[dict[str, Any]]] = {}
     for (destination, reason), count in sorted(stats.filtered_by_rule.items()):
         by_destination.setdefault(destination, []).append(
             {"destination": destination, "rule": reason.removeprefix("filtered: "), "filtered": count})
     for destination, rows in by_destination.items():
-        await acreate_table_artifact(
+        artifacts.append(TableArtifact(
             table=rows,
             key=filtered_artifact_key(destination),
             description=(
                 f"Messages of destination {destination!r} that its filter rules dropped in this run (never sent; "
                 "their outbox rows are in the filtered state)."
             ),
-        )
-    return len(by_destination)
+        ))
+    return artifacts
+
+
+async def publish_artifacts(artifacts: Sequence[TableArtifact], flow_run_id: UUID | None = None) -> int:
+    """Publish a run's artifacts (``run_artifacts``) for ``flow_run_id``, the current run by default."""
+    flow_run_id = flow_run_id or get_task_and_flow_run_ids()[1]
+    async with get_client() as client:
+        for artifact in artifacts:
+            await client.create_artifact(ArtifactCreate(type=artifact.type, key=artifact.key,
+                                                        description=artifact.description, flow_run_id=flow_run_id,
+                                                        data=await artifact.aformat()))
+    return len(artifacts)
+
+
+async def record_run(stats: DeliveryStats) -> bool:
+    """Publish the run's artifacts, unless the Prefect API cannot be reached: then a delivery worker publishes them
+    on its return, and elsewhere they are logged as not recorded. Returns whether they were published."""
+    try:
+        await prefect_api().call(lambda: publish_artifacts(run_artifacts(stats)), wait=ARTIFACTS_WAIT_SECONDS)
+        return True
+    except PrefectApiUnavailable:
+        pass
+    shift = current_shift.get()
+    if shift is not None:
+        shift.unrecorded = stats
+        get_run_logger().warning("the Prefect API cannot be reached: this run's artifacts are published when it "
+                                 "answers again")
+    else:
+        get_run_logger().warning("the Prefect API cannot be reached: this run's %d artifact(s) are not recorded "
+                                 "(%s)", len(run_artifacts(stats)), stats.summary())
+    return False
 
 
 async def finish_ended_rotations() -> list[str]:
@@ -112,9 +148,8 @@ async def deliver(
                               run_for_seconds=run_for_seconds, until_empty=until_empty,
                               parallel_batches=parallel_batches, idle_sleep=idle_sleep, prefect_tasks=True)
     stats = await deliver_due(options)
-    await publish_endpoint_artifacts(stats)
-    await publish_filtered_artifacts(stats)
-    await finish_ended_rotations()
+    if await record_run(stats):
+        await finish_ended_rotations()
     summary = stats.summary()
     get_run_logger().info("deliver: %s", summary)
     return summary

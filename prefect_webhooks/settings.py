@@ -221,6 +221,27 @@ class RetentionSettings(_SettingsGroup):
     )
 
 
+class OutageSettings(_SettingsGroup):
+    """While the Prefect API cannot be reached: what each process keeps locally and how long it waits for Prefect."""
+
+    local_copy: bool = Field(
+        default=True,
+        description="Keep a local copy of the destinations (with their secrets, file mode 0600) and of the sources' "
+        "write-key hashes in `home`/local-copy, so a process started while the Prefect API is down delivers and "
+        "accepts known keys; false keeps nothing on disk (such a process waits for the API).",
+    )
+    api_wait_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="Longest a delivery or ingest step waits for the Prefect API before going on without it.",
+    )
+    api_probe_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often a process checks whether an unreachable Prefect API is back.",
+    )
+
+
 class WebhooksSettings(BaseModel):
     """Every knob of prefect-webhooks, by concern; each group reads its own ``PREFECT_WEBHOOKS_*`` variables."""
 
@@ -230,6 +251,9 @@ class WebhooksSettings(BaseModel):
     client: ClientSettings = Field(default_factory=ClientSettings, description="The Analytics client.")
     serve: ServeSettings = Field(default_factory=ServeSettings, description="What `serve` serves.")
     retention: RetentionSettings = Field(default_factory=RetentionSettings, description="Retention and pruning.")
+    outage: OutageSettings = Field(
+        default_factory=OutageSettings, description="While the Prefect API cannot be reached."
+    )
 
     def dedupe_window(self) -> float:
         """Seconds a messageId is remembered: the dedupe setting, or else the delivered messages' retention (what the

@@ -15,6 +15,17 @@ from prefect_webhooks.store.engines import dispose_engines, get_engine
 from tests.receivers import Receiver
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A home folder of the session's own (the local copy of blocks is written there), unless the run sets one."""
+    if "PREFECT_WEBHOOKS_HOME" in os.environ:
+        yield
+        return
+    os.environ["PREFECT_WEBHOOKS_HOME"] = str(tmp_path_factory.mktemp("home"))
+    get_settings.cache_clear()
+    yield
+    os.environ.pop("PREFECT_WEBHOOKS_HOME", None)
+    get_settings.cache_clear()
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``PREFECT_WEBHOOKS_TEST_SHARD=K/N`` keeps the K-th of N shards of the collected tests. A shard holds whole
     files, so tests that build on earlier ones in their file (the docs examples of tests/test_readme.py) stay

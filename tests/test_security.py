@@ -8,6 +8,7 @@ real receivers on 127.0.0.1.
 from __future__ import annotations
 
 import base64
+import hashlib
 import inspect
 import logging
 import os
@@ -63,8 +64,8 @@ def track(user: str) -> dict[str, Any]:
 
 
 def test_the_final_key_check_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The registry finds a candidate by the key's SHA-256 and confirms it with hmac.compare_digest; `==` on the
-    # key itself would return early at the first differing character.
+    # The registry finds a candidate by the key's SHA-256 and confirms it with hmac.compare_digest on the digests
+    # (it keeps no key in the clear); `==` would return early at the first differing byte.
     source_code = inspect.getsource(SourceRegistry._find)
     assert "hmac.compare_digest" in source_code and "==" not in source_code
     compared: list[tuple[bytes, bytes]] = []
@@ -78,7 +79,8 @@ def test_the_final_key_check_is_constant_time(monkeypatch: pytest.MonkeyPatch) -
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=3600)
     registry.load([("wk_live_abcdef", SourceInfo("web")), ("wk_live_abcdeg", SourceInfo("ios"))])
     assert registry._find("wk_live_abcdef") == SourceInfo("web")
-    assert compared == [(b"wk_live_abcdef", b"wk_live_abcdef")]
+    digest = hashlib.sha256(b"wk_live_abcdef").digest()
+    assert compared == [(digest, digest)]
     assert registry._find("wk_live_abcdeh") is None
     assert registry._find("wk_live_abcde") is None
     assert registry._find("wk_live_abcdef ") is None

@@ -25,7 +25,14 @@ from prefect_webhooks.messages.outcomes import Filtered, Rescheduled
 from prefect_webhooks.messages.retry import JITTER, deadline_of
 from prefect_webhooks.signing.headers import message_key_prefix
 from prefect_webhooks.store.engines import store_key
-from prefect_webhooks.store.outbox import Claimed, extend_leases, leased_rows, record_outcomes, release_leases
+from prefect_webhooks.store.outbox import (
+    Claimed,
+    extend_leases,
+    leased_rows,
+    record_outcomes,
+    release_leases,
+    renew_leases,
+)
 from prefect_webhooks.store.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
@@ -138,6 +145,7 @@ async def process_batch(
         await store_call(settings, release_leases, engine, not_due, context.owner)
 
     ready, deferred = await _resolve_all(due, context, writes)
+    ready, deferred = await _still_held(ready, deferred, context, log)
     if any(destination.filters is not None for _, destination in ready):
         ready = _drop_filtered(ready, writes, context.stats)
     if context.key_prefix is None:
@@ -183,6 +191,27 @@ async def process_batch(
                          held=writes.held)
     context.stats.add(result)
     return result
+
+
+async def _still_held(
+    ready: list[tuple[Claimed, ResolvedDestination]], deferred: list[Claimed], context: DeliveryContext, log: Any
+) -> tuple[list[tuple[Claimed, ResolvedDestination]], list[Claimed]]:
+    """The fence before sending: renew the lease and keep only the rows this run still holds.
+
+    A batch may wait between its claim and its requests (a store call riding out a restart, a slow block load). If
+    its lease lapsed meanwhile and another run claimed the rows, that run sends them; sending them from here too
+    would deliver them twice.
+    """
+    ids = [row.id for row, _ in ready] + [row.id for row in deferred]
+    if not ids:
+        return ready, deferred
+    until = store_now() + timedelta(seconds=context.settings.delivery.lease_seconds)
+    held = await store_call(context.settings, renew_leases, context.engine, ids, context.owner, until)
+    if len(held) == len(ids):
+        return ready, deferred
+    log.warning("%d message(s) of this batch were taken over by another run after the batch's lease lapsed: that "
+                "run delivers them", len(ids) - len(held))
+    return [item for item in ready if item[0].id in held], [row for row in deferred if row.id in held]
 
 
 async def _keep_leases(context: DeliveryContext, ids: list[int]) -> None:

@@ -68,12 +68,16 @@ class Shift:
     process; each run is a shift. The run's claim loop sets ``claiming`` once it has made its first claim, so the worker
     knows the successor is delivering; the worker then sets the predecessor's ``handed_over``, and that run stops
     claiming, finishes the batches it holds and ends. The two overlap by at least one claim: delivery never pauses.
+    A shift ends only when handed over, whatever its ``run_for_seconds``: while no successor can start (the Prefect
+    API is down), the current one goes on.
     """
 
     sender: Sender
     destinations: DestinationCache
     claiming: asyncio.Event = field(default_factory=asyncio.Event)
     handed_over: asyncio.Event = field(default_factory=asyncio.Event)
+    unrecorded: DeliveryStats | None = None
+    """What the run did, when its artifacts could not be published (the worker publishes them on the API's return)."""
 
 
 current_shift: contextvars.ContextVar[Shift | None] = contextvars.ContextVar("prefect_webhooks_shift", default=None)
@@ -129,8 +133,10 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
     next_claim_at = 0.0
     exhausted = False
     while True:
-        out_of_time = (stop_at is not None and time.monotonic() >= stop_at) or (
-            shift is not None and shift.handed_over.is_set())
+        # In a delivery worker only the worker ends a shift (a handover): a run whose successor cannot start, the
+        # Prefect API being down, goes on delivering.
+        out_of_time = (shift.handed_over.is_set() if shift is not None
+                       else stop_at is not None and time.monotonic() >= stop_at)
         out_of_batches = max_batches is not None and claimed_batches >= max_batches
         exhausted = False
         if follow_circuits:

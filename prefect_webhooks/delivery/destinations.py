@@ -5,29 +5,46 @@ batch that starts after the cache entry ages out (``block_cache_seconds``).
 
 A block that does not exist fails its messages permanently (``permanent: destination block 'x' not found``): the
 outbox cannot deliver to an unknown place and retrying for four hours would only hide the mistake; ``replay`` puts
-them back once the block is saved. Any other error while loading (Prefect API unreachable…) is transient: the
-messages are retried.
+them back once the block is saved. Any other error while loading is transient: the messages are retried.
+
+While the Prefect API cannot be reached, delivery goes on with the blocks it has (the last loaded, else the local
+copy): an edit saved during an outage reaches the batches once the API answers again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
+from pydantic import ValidationError
+
+from prefect_webhooks.blocks.api_status import PrefectApi, PrefectApiUnavailable, prefect_api
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.disabled import disabled_positions
+from prefect_webhooks.blocks.local_copy import LocalCopy
 from prefect_webhooks.blocks.saved import is_missing_block, load_block
-from prefect_webhooks.blocks.validated import InvalidBlockError
+from prefect_webhooks.blocks.validated import InvalidBlockError, describe_problems
 from prefect_webhooks.delivery.batch_bodies import Batching, batching_of
 from prefect_webhooks.delivery.filters import Filters, compile_filters
 from prefect_webhooks.delivery.request_shape import Endpoint, endpoint_of
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner
 
+logger = logging.getLogger("prefect_webhooks.delivery")
+
 
 class DestinationNotFound(LookupError):
     """No saved WebhookDestination block has this name."""
+
+
+class DestinationUnavailable(RuntimeError):
+    """The block could not be loaded (the Prefect API cannot be reached) and no copy of it is at hand: its
+    messages wait and are retried."""
 
 
 class InvalidDestination(ValueError):
@@ -67,37 +84,103 @@ def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
 
 
 class DestinationCache:
-    """Loads destination blocks by name and keeps each for ``ttl`` seconds."""
+    """Destination blocks by name: each loaded block is used for ``ttl`` seconds, then loaded again.
 
-    def __init__(self, ttl: float | None = None) -> None:
+    No batch waits for the Prefect API longer than ``api_wait_seconds``, and not at all while the API is known to be
+    down: a block due for reloading is reloaded in the background (one load per name) and the batch waits for it only
+    that long, else it goes on with the block it has. A process that has none (started during an outage) takes it
+    from the local copy (``blocks.local_copy``), which every load that changed something updates.
+    """
+
+    def __init__(self, ttl: float | None = None, *, local_copy: LocalCopy | None = None) -> None:
         self.ttl = get_settings().delivery.block_cache_seconds if ttl is None else ttl
+        self.local_copy = local_copy or LocalCopy("destinations")
         self._entries: dict[str, tuple[float, ResolvedDestination]] = {}
+        self._loading: dict[str, asyncio.Task[ResolvedDestination]] = {}
+        self._copied: dict[str, dict[str, Any]] = {}
+        """What this process last read from or wrote to the local copy, by name (it rewrites only changes)."""
 
     async def get(self, name: str) -> ResolvedDestination:
-        """The destination named ``name``, from the cache while fresh.
+        """The destination named ``name``: fresh from the cache, else loaded (bounded), else the last one known.
 
         Raises:
-            DestinationNotFound: no block of that name is saved.
+            DestinationNotFound: the Prefect API answered that no block of that name is saved.
+            InvalidDestination: the saved block does not validate.
+            DestinationUnavailable: the API cannot be reached and neither the cache nor the local copy has it.
         """
         entry = self._entries.get(name)
-        if entry is not None and (entry[0] == float("inf") or time.monotonic() - entry[0] < self.ttl):
+        if entry is not None and time.monotonic() - entry[0] < self.ttl:
             return entry[1]
+        api = prefect_api()
+        loading = self._load_in_background(name, api)
+        if loading is not None:
+            with contextlib.suppress(PrefectApiUnavailable):
+                return await api.settle(loading)
+        if entry is not None:
+            return entry[1]
+        copied = self._from_local_copy(name)
+        if copied is not None:
+            return copied
+        raise DestinationUnavailable(f"destination block {name!r} could not be loaded: the Prefect API cannot be "
+                                     "reached and no local copy holds it")
+
+    def _load_in_background(self, name: str, api: PrefectApi) -> asyncio.Task[ResolvedDestination] | None:
+        """The running load of ``name``, or a new one; None while the API is down (a probe watches for its return)."""
+        if not api.reachable:
+            return None
+        loading = self._loading.get(name)
+        if loading is not None:
+            return loading
+        loading = self._loading[name] = asyncio.ensure_future(self._load(name))
+        api.learn(loading)
+        loading.add_done_callback(lambda _done: self._loading.pop(name, None))
+        return loading
+
+    async def _load(self, name: str) -> ResolvedDestination:
         try:
             block = await load_block(WebhookDestination, name)
         except Exception as exc:
             if is_missing_block(exc):
+                self._entries.pop(name, None)
+                self._copy(name, None)
                 raise DestinationNotFound(name) from None
             if isinstance(exc, InvalidBlockError):
                 raise InvalidDestination(f"destination block {name!r} is invalid: {'; '.join(exc.problems)}") from None
             raise
         resolved = resolve(name, block)
         self._entries[name] = (time.monotonic(), resolved)
+        self._copy(name, block.model_dump(mode="json", context={"include_secrets": True}))
+        return resolved
+
+    def _copy(self, name: str, data: dict[str, Any] | None) -> None:
+        if self._copied.get(name) != data:
+            self.local_copy.update({name: data})
+            if data is None:
+                self._copied.pop(name, None)
+            else:
+                self._copied[name] = data
+
+    def _from_local_copy(self, name: str) -> ResolvedDestination | None:
+        data = self.local_copy.read().get(name)
+        if data is None:
+            return None
+        try:
+            block = WebhookDestination.model_validate(data)
+        except ValidationError as exc:
+            logger.warning("the local copy of destination block %r is not usable: %s", name,
+                           "; ".join(describe_problems(exc, WebhookDestination.secret_field_names())))
+            return None
+        self._copied[name] = data
+        resolved = resolve(name, block)
+        # Stale at once: it is replaced as soon as the Prefect API answers.
+        self._entries[name] = (float("-inf"), resolved)
+        logger.warning("destination block %r taken from the local copy: the Prefect API cannot be reached", name)
         return resolved
 
     def remember(self, name: str, block: WebhookDestination) -> ResolvedDestination:
         """Use ``block`` for ``name`` without loading it (an unsaved block: benchmarks, embedded use)."""
         resolved = resolve(name, block)
-        # An explicitly given block stays until forgotten, whatever the TTL.
+        # An explicitly given block stays until forgotten, whatever the TTL (its age, ``now - inf``, is below any TTL).
         self._entries[name] = (float("inf"), resolved)
         return resolved
 

@@ -8,7 +8,8 @@ Answers:
   a body that is not a batch, or (single-call endpoints) a call that breaks a rule.
 - ``401``: a missing or unknown write key. ``403``: the source is disabled (the key is known, the source is off).
 - ``429`` with ``Retry-After``: too many calls are waiting for the store writer.
-- ``503``: the store (or, before the first load, the Prefect API holding the sources) is unavailable.
+- ``503`` with ``Retry-After``: the store is unavailable, or the write key is not among the sources known while the
+  Prefect API holding them cannot be reached (it may belong to a source saved since: clients keep the batch).
 
 Auth is HTTP Basic with the write key as the user name (the password is ignored; SDKs send it empty) or
 ``writeKey`` in the body. Bodies and keys are never logged.
@@ -20,6 +21,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import math
 import zlib
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -37,6 +39,7 @@ from prefect_webhooks.inbound.envelope import Envelope, EnvelopeError, batch_env
 from prefect_webhooks.inbound.ingestion import prepare_batch
 from prefect_webhooks.inbound.sources import SourceInfo, SourceRegistry, SourcesUnavailableError
 from prefect_webhooks.messages.model import MAX_BATCH_BYTES, MESSAGE_TYPES
+from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.metrics import add_metrics_routes
 
@@ -202,7 +205,8 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or unknown write key."},
     403: {"description": "The source is disabled."},
     429: {"description": "Too many calls waiting to be written; retry after Retry-After seconds."},
-    503: {"description": "The store is unavailable."},
+    503: {"description": "The store is unavailable, or the key is unknown while the Prefect API cannot be reached; "
+               "retry after Retry-After seconds."},
 }
 
 
@@ -222,7 +226,9 @@ class IngestService:
         try:
             source = await self.registry.lookup(key)
         except SourcesUnavailableError as exc:
-            raise ApiError(503, "sources_unavailable", str(exc), {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+            # Asked again once the Prefect API may be back (its probe interval).
+            retry_after = max(RETRY_AFTER_SECONDS, math.ceil(get_settings().outage.api_probe_seconds))
+            raise ApiError(503, "sources_unavailable", str(exc), {"Retry-After": str(retry_after)}) from None
         if source is None:
             raise ApiError(401, "invalid_write_key", "the write key is not known")
         if not source.enabled:

@@ -19,7 +19,12 @@
 - starts no run of its own while the deployment is paused in Prefect (the scheduler makes none either), so delivery
   stops at the end of the current shift and resumes with the deployment; a run set to *Cancelling* stops claiming
   and ends after its batches;
-- on SIGTERM/SIGINT stops claiming, finishes the batches in flight, completes its runs and exits 0.
+- on SIGTERM/SIGINT stops claiming, finishes the batches in flight, completes its runs and exits 0;
+- never waits for the Prefect API: every call to it is bounded (``api_wait_seconds``) and skipped while it is known
+  to be down. A run whose successor cannot start keeps delivering; a worker that cannot start any run (started
+  during an outage, or its run ended in one) delivers without a flow run (``serving.shifts``) until one can start;
+  it registers the deployment when it can; what Prefect could not record meanwhile (the offline delivery, runs that
+  could not report their end, artifacts) is recorded when the API answers again (``serving.run_records``).
 
 Every run of the process shares one HTTP session, one set of circuit breakers and one destination cache
 (``delivery.Shift``). Several workers (on one machine or many, on PostgreSQL) each run their own shifts; their
@@ -31,7 +36,9 @@ Run it alone with ``python -m prefect_webhooks.serving.delivery_worker``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -49,15 +56,23 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import Abort
-from prefect.flow_engine import run_flow
 from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY
 from prefect.states import Pending
 from prefect.utilities.engine import propose_state
 
-from prefect_webhooks.delivery import Sender, Shift, current_shift
+from prefect_webhooks.blocks.api_status import prefect_api
+from prefect_webhooks.delivery import Sender
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, deliver_definition, served_deployment
-from prefect_webhooks.flows.deliver import deliver
+from prefect_webhooks.flows.catch_up import run_newest_only
+from prefect_webhooks.serving.run_records import RunRecords
+from prefect_webhooks.serving.shifts import (
+    RunningShift,
+    offline_options,
+    shift_seconds,
+    start_flow_run_shift,
+    start_offline_shift,
+)
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
@@ -67,20 +82,10 @@ logger = logging.getLogger("prefect_webhooks.serving.delivery_worker")
 SUCCESSOR_START_TIMEOUT = 30.0
 # Between two tries to start a shift when the Prefect API refused or could not be reached.
 START_RETRY_SECONDS = 5.0
-
-
-def shift_seconds(definition: dict[str, Any], poll_seconds: float) -> float:
-    """How long a shift lasts when no scheduled run takes over: one poll after the schedule's interval, so a
-    scheduled run normally comes first; without an interval schedule, four fifths of the run's ``run_for_seconds``."""
-    intervals = [float(schedule["interval"]) for schedule in definition.get("schedules") or []
-                 if schedule.get("interval") and schedule.get("active", True)]
-    if intervals:
-        return min(intervals) + poll_seconds
-    run_for = (definition.get("parameters") or {}).get("run_for_seconds")
-    if not run_for:
-        raise ValueError(f"deliver/{DELIVER_DEPLOYMENT} needs an interval schedule or run_for_seconds to run in a "
-                         "delivery worker (a run without run_for_seconds stops once nothing is due)")
-    return float(run_for) * 0.8
+# How long the worker waits for its registration before delivering without a flow run.
+REGISTRATION_WAIT_SECONDS = 10.0
+# At exit, how long what waited for the Prefect API may take to be recorded.
+RECORD_AT_EXIT_SECONDS = 10.0
 
 
 def register_deliver_deployment(definition: dict[str, Any]) -> UUID:
@@ -99,26 +104,37 @@ class DeliveryWorker:
         self.stopping = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.deployment_id: UUID | None = None
-        self.runs: dict[UUID, tuple[Shift, asyncio.Task[Any]]] = {}
+        self.paused = False
+        """Whether the deployment was paused when last read: then no shift runs, offline ones included."""
+        self.runs: dict[UUID, RunningShift] = {}
+        self.offline: RunningShift | None = None
         self.shifts_started = 0
 
     async def run(self) -> None:
         """Deliver until ``stop`` is called; then end every run cleanly."""
         async with Sender(self.settings) as sender, get_client() as client:
             self.sender, self.destinations, self.client = sender, DestinationCache(), client
-            self.deployment_id = await self._register()
+            self.api = prefect_api()
+            self.records = RunRecords(self.api, dict(self.definition.get("parameters") or {}))
+            self.api.on_back(self._settle_records)
+            registering = self._register()
+            settling: asyncio.Future[None] = asyncio.ensure_future(asyncio.sleep(0))
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(registering), REGISTRATION_WAIT_SECONDS)
             # Everything loaded so far lives as long as the process: out of the collector's way (a third of the CPU
             # per delivered message went to collections scanning Prefect's heap).
             tune_gc_for_serving()
-            logger.info("deliver/%s registered (%.1f s of CPU used by this process)", DELIVER_DEPLOYMENT,
-                        time.process_time())
-            current: tuple[Shift, asyncio.Task[Any]] | None = None
+            current: RunningShift | None = None
             next_shift = time.monotonic()
             next_poll = time.monotonic() + self.poll_seconds
             while not self.stopping.is_set():
                 now = time.monotonic()
-                if current is not None and current[1].done():
-                    # The run ended on its own (its run_for_seconds, an error, a cancellation): start the next now.
+                if registering.done() and self.deployment_id is None:
+                    registering = self._register()
+                if self.records.waiting and self.api.reachable and self.deployment_id and settling.done():
+                    settling = asyncio.ensure_future(self._settle_records())
+                if current is not None and current.task.done():
+                    # The run ended on its own (an error, a cancellation): start the next now.
                     current, next_shift = None, now
                 due: list[Any] = []
                 if now >= next_poll:
@@ -127,113 +143,165 @@ class DeliveryWorker:
                 if not due and now >= next_shift:
                     due = [None]  # no scheduled run came: a run of the worker's own
                 for flow_run in due:
-                    successor = await self._start_shift(current[0] if current else None, flow_run)
+                    successor = await self._start_shift(current, flow_run)
                     if successor is not None:
                         current, next_shift = successor, time.monotonic() + self.shift_seconds
                     elif flow_run is None:
                         next_shift = time.monotonic() + START_RETRY_SECONDS
+                if current is None and not self.paused:
+                    current = self._deliver_offline()
+                    next_shift = time.monotonic() + START_RETRY_SECONDS
                 waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self.stopping.wait())}
                 if current is not None:
-                    waits.add(current[1])
+                    waits.add(current.task)
                 timeout = max(min(next_shift, next_poll) - time.monotonic(), 0.0)
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for waiting in waits:
-                    if waiting is not (current[1] if current else None):
+                    if waiting is not (current.task if current else None):
                         waiting.cancel()
+            registering.cancel()
+            settling.cancel()
+            self.records.cancel_sweeps()
             await self._end_all()
+            if self.records.waiting and self.api.reachable:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._settle_records(), RECORD_AT_EXIT_SECONDS)
+            self.records.log_unrecorded()
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and end its runs (safe from a signal handler)."""
         self.stopping.set()
 
-    async def _register(self) -> UUID:
-        while True:
+    def _register(self) -> asyncio.Future[None]:
+        """Register the deployment in the background (retried by the loop until it succeeds)."""
+
+        async def register() -> None:
+            if not self.api.reachable:
+                await asyncio.sleep(START_RETRY_SECONDS)
+                return
             try:
                 # In a thread: ``Flow.to_deployment`` and ``RunnerDeployment.apply`` are sync-compatible on older
                 # Prefect releases (called from a coroutine they return coroutines), plain functions on newer ones.
-                return await asyncio.to_thread(register_deliver_deployment, self.definition)
+                self.deployment_id = await self.api.call(
+                    lambda: asyncio.to_thread(register_deliver_deployment, self.definition),
+                    wait=REGISTRATION_WAIT_SECONDS)
             except Exception as exc:
-                if self.stopping.is_set():
-                    raise
-                logger.warning("registering deliver/%s failed (%s: %s); retrying", DELIVER_DEPLOYMENT,
-                               type(exc).__name__, exc)
+                logger.warning("registering deliver/%s failed (%s); delivering meanwhile, retrying",
+                               DELIVER_DEPLOYMENT, type(exc).__name__)
                 await asyncio.sleep(START_RETRY_SECONDS)
+                return
+            logger.info("deliver/%s registered (%.1f s of CPU used by this process)", DELIVER_DEPLOYMENT,
+                        time.process_time())
 
-    async def _start_shift(self, current: Shift | None, flow_run: Any = None) -> tuple[Shift, asyncio.Task[Any]] | None:
+        return asyncio.ensure_future(register())
+
+    async def _settle_records(self) -> None:
+        await self.records.settle(self.client, self.deployment_id)
+        self.records.sweep_after_outage(self.client)
+
+    def _deliver_offline(self) -> RunningShift:
+        """Deliver without a flow run until one can start (the Prefect API is down or the deployment unknown)."""
+        self.offline = start_offline_shift(self.sender, self.destinations,
+                                           offline_options(self.definition.get("parameters") or {}))
+        offline = self.offline
+        logger.warning("no run of deliver/%s can be started now: delivering without one until the Prefect API "
+                       "answers (recorded then)", DELIVER_DEPLOYMENT)
+
+        def ended(task: asyncio.Task[Any]) -> None:
+            stats = None if task.cancelled() else task.result()
+            self.records.offline_shift_ended(stats, offline.started_at, time.time())
+            if self.offline is offline:
+                self.offline = None
+
+        offline.task.add_done_callback(ended)
+        return offline
+
+    async def _start_shift(self, current: RunningShift | None, flow_run: Any = None) -> RunningShift | None:
         """Start a shift (a taken scheduled run, or a new run) and hand over to it once it claims.
 
         Returns None when it could not be started; the current shift then keeps delivering.
         """
         if flow_run is None:
+            if self.deployment_id is None or not self.api.reachable:
+                return None
             try:
-                deployment = await self.client.read_deployment(self.deployment_id)
-                if deployment.paused:
+                deployment = await self.api.call(lambda: self.client.read_deployment(self.deployment_id))
+                self.paused = bool(deployment.paused)
+                if self.paused:
                     if current is not None:
-                        current.handed_over.set()
+                        current.shift.handed_over.set()
                     logger.info("deliver/%s is paused: no new run", DELIVER_DEPLOYMENT)
                     return None
-                flow_run = await self.client.create_flow_run_from_deployment(self.deployment_id, state=Pending())
+                flow_run = await self.api.call(lambda: self.client.create_flow_run_from_deployment(
+                    self.deployment_id, state=Pending()))
             except Exception as exc:
                 logger.warning("starting a deliver run failed (%s); the current one keeps delivering",
                                type(exc).__name__)
                 return None
-        successor = Shift(self.sender, self.destinations)
-        task = self._execute(successor, flow_run)
-        claimed = asyncio.ensure_future(successor.claiming.wait())
+        successor = start_flow_run_shift(self.sender, self.destinations, flow_run)
+        self._track(successor)
+        claimed = asyncio.ensure_future(successor.shift.claiming.wait())
         try:
-            await asyncio.wait({claimed, task}, timeout=SUCCESSOR_START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({claimed, successor.task}, timeout=SUCCESSOR_START_TIMEOUT,
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             claimed.cancel()
-        if not successor.claiming.is_set():
+        if not successor.shift.claiming.is_set():
             logger.warning("deliver run %s did not start claiming; the current one keeps delivering", flow_run.id)
-            successor.handed_over.set()
+            successor.shift.handed_over.set()
+            self.records.never_started(flow_run.id)
             return None
         if current is not None:
-            current.handed_over.set()
-            logger.info("deliver run %s claiming; the previous run finishes its batches and ends", flow_run.id)
+            current.shift.handed_over.set()
+            logger.info("deliver run %s claiming; the previous %s finishes its batches and ends", flow_run.id,
+                        "offline delivery" if current.offline else "run")
         elif not self.shifts_started:
             logger.info("first deliver run %s claiming (%.1f s of CPU used by this process)", flow_run.id,
                         time.process_time())
         self.shifts_started += 1
-        return successor, task
+        return successor
 
-    def _execute(self, shift: Shift, flow_run: Any) -> asyncio.Task[Any]:
-        async def execute() -> Any:
-            current_shift.set(shift)  # this task's own context: the flow and its batches see the shift
-            try:
-                return await run_flow(deliver, flow_run=flow_run, return_type="state")
-            except Exception as exc:
-                logger.error("deliver run %s ended with %s: %s", flow_run.id, type(exc).__name__, exc)
-                return None
-            finally:
-                shift.claiming.set()
+    def _track(self, running: RunningShift) -> None:
+        flow_run_id = running.flow_run_id
+        assert flow_run_id is not None
+        self.runs[flow_run_id] = running
 
-        task = asyncio.ensure_future(execute())
-        self.runs[flow_run.id] = (shift, task)
-        task.add_done_callback(lambda _task: self.runs.pop(flow_run.id, None))
-        return task
+        def ended(task: asyncio.Task[Any]) -> None:
+            self.runs.pop(flow_run_id, None)
+            state = None if task.cancelled() else task.result()
+            self.records.run_ended(flow_run_id, state, running.shift.unrecorded)
+
+        running.task.add_done_callback(ended)
 
     async def _poll(self) -> list[Any]:
-        """The deployment's due runs, taken by this worker; runs set to Cancelling are told to stop."""
+        """The deployment's due runs, taken by this worker; runs set to Cancelling are told to stop.
+
+        Of the runs due at once (the slots missed while the Prefect API was down) only the newest becomes a shift;
+        the older ones are cancelled as superseded by it.
+        """
+        if self.deployment_id is None or not self.api.reachable:
+            return []
         try:
-            due = await self.client.get_scheduled_flow_runs_for_deployments(
-                [self.deployment_id], scheduled_before=datetime.now(timezone.utc))
+            due = await self.api.call(lambda: self.client.get_scheduled_flow_runs_for_deployments(
+                [self.deployment_id], scheduled_before=datetime.now(timezone.utc)))
             cancelling = []
             if self.runs:
-                cancelling = await self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                cancelling = await self.api.call(lambda: self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
                     id=FlowRunFilterId(any_=list(self.runs)),
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING]))))
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CANCELLING])))))
+            due = await self.api.call(lambda: run_newest_only(self.client, due))
         except Exception as exc:
             logger.warning("polling deliver/%s failed: %s", DELIVER_DEPLOYMENT, type(exc).__name__)
             return []
         for flow_run in cancelling:
-            shift, _task = self.runs.get(flow_run.id, (None, None))
-            if shift is not None:
-                shift.handed_over.set()
+            running = self.runs.get(flow_run.id)
+            if running is not None:
+                running.shift.handed_over.set()
         taken = []
-        for flow_run in sorted(due, key=lambda run: run.expected_start_time or run.created):
+        for flow_run in due:
             try:
-                state = await propose_state(self.client, Pending(), flow_run_id=flow_run.id)
+                state = await self.api.call(lambda run=flow_run: propose_state(self.client, Pending(),
+                                                                               flow_run_id=run.id))
             except Abort:
                 continue  # another worker took it
             except Exception as exc:
@@ -244,18 +312,29 @@ class DeliveryWorker:
         return taken
 
     async def _end_all(self, grace: float | None = None) -> None:
-        """Stop every run claiming and wait for them to finish their batches and complete."""
-        for shift, _task in list(self.runs.values()):
-            shift.handed_over.set()
-        tasks = [task for _shift, task in self.runs.values()]
-        if tasks:
-            # A batch in flight needs at most one request timeout, its record and the run's artifacts.
-            grace = grace if grace is not None else self.settings.delivery.request_timeout * 2 + 10
-            _done, late = await asyncio.wait(tasks, timeout=grace)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=5)
+        """Stop every shift claiming and wait for them to finish their batches and complete.
+
+        While the Prefect API is down a run whose flow has returned only waits to report its end: it is not waited
+        for (the run records keep it for the API's return).
+        """
+        shifts = [*self.runs.values(), *([self.offline] if self.offline else [])]
+        for running in shifts:
+            running.shift.handed_over.set()
+        # A batch in flight needs at most one request timeout, its record and the run's artifacts.
+        deadline = time.monotonic() + (grace if grace is not None else self.settings.delivery.request_timeout * 2 + 10)
+        pending = {running.task: running for running in shifts}
+        while pending and time.monotonic() < deadline:
+            done, _ = await asyncio.wait(pending, timeout=0.2)
+            for task in done:
+                del pending[task]
+            for task, running in list(pending.items()):
+                if not self.api.reachable and running.shift.unrecorded is not None:
+                    task.cancel()
+                    del pending[task]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
 
 
 async def _main(worker: DeliveryWorker, stop_requested: threading.Event) -> None:
@@ -300,7 +379,8 @@ def main() -> None:
     def request_stop(_signum: int, _frame: Any) -> None:
         stop_requested.set()
         if worker.loop is not None:
-            worker.loop.call_soon_threadsafe(worker.stop)
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                worker.loop.call_soon_threadsafe(worker.stop)
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
@@ -310,6 +390,13 @@ def main() -> None:
         thread.join(0.5)
     if errors:
         raise errors[0]
+    if getattr(worker, "api", None) is not None and not worker.api.reachable:
+        # Prefect's client would spend minutes at exit trying to send the events it holds (task-run states, failure
+        # events) to an API that does not answer: everything of ours is committed, so exit now.
+        logger.warning("exiting while the Prefect API cannot be reached: the events Prefect's client still holds "
+                       "(task-run states, delivery failure events) are not sent; the store has every outcome")
+        logging.shutdown()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ def pruner_command() -> list[str]:
 
 def run_one_pass() -> None:
     """One pass: the ``prune`` flow, or the store pass alone when the flow cannot run. Never raises."""
-    import asyncio
 
     from prefect import tags
 
@@ -42,7 +41,7 @@ def run_one_pass() -> None:
 
     try:
         with tags(OUR_TAG):
-            asyncio.run(prune())
+            prune()  # sync_compatible: runs the flow here (no event loop in this thread) and returns its result
         return
     except Exception as exc:
         logger.warning("the prune flow could not run (%s: %s); pruning the store without a flow run",

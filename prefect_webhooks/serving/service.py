@@ -19,7 +19,9 @@ processes. Rows a stopped delivery process had claimed are released at once (the
 host, is gone), so they are pending again; if the supervisor itself is killed, the leases expire after
 ``lease_seconds`` and the rows return to pending all the same.
 
-If one child dies, the others are stopped too and the service exits non-zero, so a process manager restarts them.
+If the ingest API or a delivery worker dies, the others are stopped too and the service exits non-zero, so a process
+manager restarts them. The runner is started again instead (``serving.restarts``): on some Prefect releases it exits
+when the Prefect API cannot be reached, and ingest and delivery must go on meanwhile.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from prefect_webhooks.serving.pruner import pruner_command
+from prefect_webhooks.serving.restarts import Restarts
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -134,6 +137,8 @@ class Child:
     terminate_descendants_first: bool = False
     # Added to the child's nice value: parts that are not on the path of a message yield the CPU to those that are.
     niceness: int = 0
+    # Started again when it exits (the runner), instead of stopping the service.
+    restarts: Restarts | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Child:
@@ -393,6 +398,7 @@ def serve(
             stop_signal=signal.SIGINT,
             terminate_descendants_first=True,
             niceness=RUNNER_NICENESS,
+            restarts=Restarts(),
         ).start()
         # Retention passes, niced too, every PREFECT_WEBHOOKS_RETENTION_INTERVAL (serving/pruner.py).
         pruner = Child("pruner", pruner_command(), niceness=RUNNER_NICENESS).start()
@@ -402,6 +408,10 @@ def serve(
               "deployments served", flush=True)
         while not stop.wait(0.5):
             dead = [child for child in children if not child.running()]
+            for child in dead:
+                if child.restarts is not None:
+                    child.restarts.tend(child)
+            dead = [child for child in dead if child.restarts is None]
             if dead:
                 print(f"prefect-webhooks serve: {dead[0].name} exited; stopping", file=sys.stderr, flush=True)
                 exit_code = 1

@@ -206,17 +206,32 @@ def leased_rows(engine: Engine, ids: Sequence[int], owner: str) -> list[Claimed]
         return [_claimed(row) for row in connection.execute(statement)]
 
 
-def extend_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetime) -> int:
-    """Push the lease of ``owner``'s pending rows among ``ids`` to ``until``; returns how many."""
-    if not ids:
-        return 0
-    statement = (
+def _lease_renewal(ids: Sequence[int], owner: str, until: datetime) -> Any:
+    return (
         update(OUTBOX)
         .where(OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner)
         .values(lease_expires_at=until)
     )
+
+
+def extend_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetime) -> int:
+    """Push the lease of ``owner``'s pending rows among ``ids`` to ``until``; returns how many."""
+    if not ids:
+        return 0
     with engine.begin() as connection:
-        return connection.execute(statement).rowcount
+        return connection.execute(_lease_renewal(ids, owner, until)).rowcount
+
+
+def renew_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetime) -> set[int]:
+    """Push ``owner``'s lease on its pending rows among ``ids`` to ``until``; returns the ids it still holds.
+
+    The fence before a batch sends: a row missing from the answer is no longer pending, or was claimed by another
+    run after this one's lease lapsed (while it waited for something), and must not be sent from here.
+    """
+    if not ids:
+        return set()
+    with engine.begin() as connection:
+        return set(connection.execute(_lease_renewal(ids, owner, until).returning(OUTBOX.c.id)).scalars())
 
 
 def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | None = None) -> int:

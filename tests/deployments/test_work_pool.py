@@ -57,7 +57,7 @@ def test_deploy_creates_the_pool_the_deployments_and_a_first_deliver_run(prefect
         deployments = {f"{client.read_flow(d.flow_id).name}/{d.name}": d for d in client.read_deployments()
                        if d.work_pool_name == pool}
         assert sorted(deployments) == ["audience-sync/vip-users", "deletions/interval", "deliver/continuous",
-                                       "replay/on-demand"]
+                                       "prune/retention", "replay/on-demand"]
         deliver = deployments["deliver/continuous"]
         # A module path: a worker imports the installed package, whatever its working directory.
         assert deliver.entrypoint == "prefect_webhooks.flows.deliver.deliver" and not deliver.pull_steps

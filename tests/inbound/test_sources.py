@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import time
 import uuid
+from pathlib import Path
 
+import httpx
 import pytest
 
 from prefect_webhooks.blocks.saved import load_block, save_block
@@ -25,6 +28,9 @@ from prefect_webhooks.inbound.sources import (
     read_source_entries,
     register_source,
 )
+from prefect_webhooks.settings import get_settings
+from tests.outages import switched_api
+from tests.servers import ingest_api_process
 
 
 def test_build_index_refuses_a_shared_key_naming_both_sources_not_the_key() -> None:
@@ -152,3 +158,63 @@ async def test_registry_refuses_a_duplicated_key_saved_around_the_check(prefect_
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=0.1)
     await registry.refresh()
     assert await registry.lookup(key) is None
+
+
+# --- while the Prefect API cannot be reached --------------------------------------------------------------------
+
+
+async def test_a_refresh_keeps_a_local_copy_of_key_hashes_never_keys(prefect_harness: None, store_url: str) -> None:
+    key = f"wk_copy_{uuid.uuid4().hex}"
+    await aregister_source(f"copied-{key[-8:]}", Source(write_key=key, destinations=["crm"]))
+    registry = SourceRegistry(cache_seconds=0)
+    await registry.refresh()
+    copy = registry.local_copy
+    assert copy is not None and copy.path.parent.name == "local-copy"
+    written = copy.path.read_bytes()
+    assert key.encode() not in written
+    assert hashlib.sha256(key.encode()).hexdigest().encode() in written
+
+
+async def test_during_an_outage_known_keys_pass_and_unknown_ones_are_asked_again_later(
+    prefect_harness: None, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_API_PROBE_SECONDS", "0.2")
+    get_settings.cache_clear()
+    key = f"wk_outage_{uuid.uuid4().hex}"
+    await aregister_source(f"outage-{key[-8:]}", Source(write_key=key, destinations=["crm"]))
+    with switched_api() as switch:
+        warm = SourceRegistry(cache_seconds=0, unknown_key_refresh_seconds=0)
+        assert (await warm.lookup(key)).destinations == ("crm",)
+        assert await warm.lookup("wk_never_saved") is None  # Prefect answered: really unknown (401)
+        switch.down()
+        # A warm registry and one started during the outage (from the local copy) answer alike, within a second.
+        cold = SourceRegistry(cache_seconds=0, unknown_key_refresh_seconds=0)
+        started = time.monotonic()
+        for registry in (warm, cold):
+            assert (await registry.lookup(key)).destinations == ("crm",)
+            with pytest.raises(sources.SourcesUnavailableError, match="retry later"):
+                await registry.lookup("wk_saved_since_perhaps")
+        assert time.monotonic() - started < 3
+        # Once the probe sees Prefect again, an unknown key is unknown for good (401).
+        switch.up()
+        await asyncio.sleep(1)
+        assert await SourceRegistry(cache_seconds=0).lookup("wk_never_saved") is None
+
+
+async def test_an_ingest_api_started_during_an_outage_answers_known_keys_200_and_unknown_503(
+    prefect_harness: None, store_url: str, tmp_path: Path
+) -> None:
+    key = f"wk_api_{uuid.uuid4().hex}"
+    await aregister_source(f"api-{key[-8:]}", Source(write_key=key, destinations=["crm"]))
+    await SourceRegistry(cache_seconds=0).refresh()  # another ingest process of this host read the sources once
+    call = {"batch": [{"type": "track", "userId": "u1", "event": "Outage", "messageId": uuid.uuid4().hex}]}
+    with switched_api() as switch:
+        switch.down()
+        with ingest_api_process(store_url, prefect_api_url=switch.url,
+                                env={"PREFECT_WEBHOOKS_HOME": str(tmp_path)}) as server:
+            async with httpx.AsyncClient(timeout=30) as http:
+                known = await http.post(f"{server.url}/v1/batch", json=call, auth=(key, ""))
+                unknown = await http.post(f"{server.url}/v1/batch", json=call, auth=("wk_not_known_here", ""))
+    assert known.status_code == 200, known.text
+    assert unknown.status_code == 503 and unknown.json()["code"] == "sources_unavailable"
+    assert int(unknown.headers["Retry-After"]) >= 1

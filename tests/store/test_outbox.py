@@ -26,6 +26,7 @@ from prefect_webhooks.store.outbox import (
     leased_rows,
     record_outcomes,
     release_leases,
+    renew_leases,
     replay_failed,
 )
 from prefect_webhooks.store.tables import store_now
@@ -127,6 +128,9 @@ def test_leased_rows_extend_and_release_only_touch_the_owners_pending_rows(store
     assert mine == [1, 2]
     until = store_now() + timedelta(hours=1)
     assert extend_leases(engine, [1, 2, 3], "a", until) == 2
+    # The fence before sending: the ids the owner still holds.
+    assert renew_leases(engine, [1, 2, 3], "a", until) == {1, 2}
+    assert renew_leases(engine, [3], "a", until) == set() and renew_leases(engine, [], "a", until) == set()
     assert release_leases(engine, [1, 2, 3], "a") == 2
     stored = rows(engine)
     assert [row.lease_owner for row in stored] == [None, None, "b"]

@@ -33,9 +33,10 @@ INTERNAL_STEPS = {
     "prefect_webhooks.delivery.task.deliver_batches": "the deliver flow's task",
     "prefect_webhooks.delivery.claims.deliver_due":
         "the deliver flow (users run the flow: prefect_webhooks.flows.deliver)",
-    "prefect_webhooks.flows.deliver.publish_endpoint_artifacts": "the deliver flow",
-    "prefect_webhooks.flows.deliver.publish_filtered_artifacts": "the deliver flow",
+    "prefect_webhooks.flows.deliver.publish_artifacts": "the deliver flow and a delivery worker's run records",
+    "prefect_webhooks.flows.deliver.record_run": "the deliver flow",
     "prefect_webhooks.flows.deliver.finish_ended_rotations": "the deliver flow",
+    "prefect_webhooks.flows.catch_up.run_newest_only": "the delivery worker's poll",
     "prefect_webhooks.flows.ingest.ingest_chunk": "the ingest flow (a task)",
     "prefect_webhooks.flows.ingest.load_source": "the ingest flow",
     "prefect_webhooks.flows.ingest.publish_artifacts": "the ingest flow",

@@ -1,0 +1,71 @@
+"""A batch sends only the rows it still holds: a lease that lapsed while the batch waited cannot make a duplicate.
+
+The mechanism behind the duplicates of a Prefect outage: a batch waited for the API (its destination block), its
+lease lapsed, another run claimed and delivered the rows, then the first batch sent them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import orjson
+import pytest
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
+from prefect_webhooks.delivery.batch import process_batch
+from prefect_webhooks.delivery.context import ClaimedBatch
+from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
+from tests.delivery.test_delivery import outbox, track
+from tests.outages import switched_api
+from tests.receivers import ReceivedRequest, Receiver
+
+
+@pytest.fixture
+def short_lease(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_LEASE_SECONDS", "0.3")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_API_WAIT_SECONDS", "1.0")
+    get_settings.cache_clear()
+    return store_url
+
+
+def numbers(request: ReceivedRequest) -> list[int]:
+    """The messages' ``n`` in a request: one message, or the items of a batch."""
+    body = orjson.loads(request.body)
+    messages = [item["message"] for item in body] if isinstance(body, list) else [body]
+    return [message["properties"]["n"] for message in messages]
+
+
+# The fence sits in the step every batch goes through: messages sent one per request and batched requests alike.
+@pytest.mark.parametrize("batch_size", [None, 8], ids=["one-per-request", "batched"])
+async def test_a_batch_whose_lease_lapsed_while_it_waited_for_prefect_sends_nothing_twice(
+    prefect_harness: None, short_lease: str, batch_size: int | None
+) -> None:
+    enqueue("fence-dest", [track(n) for n in range(20)])
+    with Receiver() as receiver:
+        block = WebhookDestination(endpoints=[{"url": receiver.url}], batch_size=batch_size)
+        await asyncio.to_thread(block.save, "fence-dest", overwrite=True)
+        with switched_api() as switch:
+            async with Sender() as sender:
+                waiting = DestinationCache(ttl=0)
+                await waiting.get("fence-dest")  # loaded once: every later batch reloads it first
+                first = DeliveryContext(get_engine(), sender, owner="first", destinations=waiting)
+                rows = claim_due_deliveries(get_engine(), 100, "first", lease_seconds=0.3)
+                assert len(rows) == 20
+                switch.hang()
+                # The first batch waits up to api_wait_seconds for the block; its 0.3 s lease lapses meanwhile.
+                held_up = asyncio.ensure_future(process_batch(ClaimedBatch(rows), first))
+                await asyncio.sleep(0.5)
+                other = DeliveryContext(get_engine(), sender, owner="other")
+                other.destinations.remember("fence-dest", block)
+                taken_over = await deliver_due(DeliveryOptions(), context=other)
+                late = await held_up
+        received = Counter(n for request in receiver.requests for n in numbers(request))
+    assert taken_over.delivered == 20
+    assert late.delivered == 0 and late.rescheduled == 0
+    assert sorted(received) == list(range(20)) and set(received.values()) == {1}
+    assert {row.state for row in outbox()} == {"delivered"}

@@ -354,7 +354,7 @@ def rotate_secret(
 
 def _moment(text: str | None, option: str) -> datetime | None:
     """An ISO 8601 time (naive means UTC), or a duration ago such as ``2h`` or ``7d``."""
-    from prefect_webhooks.blocks.rotation import parse_window
+    from prefect_webhooks.utilities.durations import parse_duration
 
     if text is None:
         return None
@@ -362,7 +362,7 @@ def _moment(text: str | None, option: str) -> datetime | None:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         try:
-            return datetime.now(timezone.utc) - parse_window(text)
+            return datetime.now(timezone.utc) - parse_duration(text)
         except ValueError:
             raise typer.BadParameter(f"{text!r} is neither an ISO 8601 time nor a duration (2h, 7d)",
                                      param_hint=option) from None
@@ -391,9 +391,10 @@ def replay(
 
     if destination is None and endpoint is None:
         raise typer.BadParameter("give a destination or --endpoint URL")
+    window = {"since": _moment(since, "--since"), "until": _moment(until, "--until")}
     exit_without_prefect_api("replay")
-    count = replay_flow(destination=destination, endpoint=endpoint, since=_moment(since, "--since"),
-                        until=_moment(until, "--until"), reason_prefix=reason_prefix, filtered=filtered)
+    count = replay_flow(destination=destination, endpoint=endpoint, reason_prefix=reason_prefix, filtered=filtered,
+                        **window)
     print(f"replay: {count} message(s) are pending again")
 
 

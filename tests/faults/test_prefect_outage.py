@@ -188,7 +188,7 @@ def test_delivery_goes_on_while_the_prefect_server_is_down(backend_url: str, tmp
     try:
         with Receiver() as receiver:
             with temporary_settings(updates={PREFECT_API_URL: server.url}):
-                save_destination("outage-dest", [receiver.url], shared_secret="outage-secret")
+                save_destination("outage-dest", [receiver.url], shared_secret="outage-secret-of-16")
                 save_source("outage-source", WRITE_KEY, ["outage-dest"])
             service = running_service(env, port, log)
             process = service.__enter__()

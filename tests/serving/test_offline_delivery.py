@@ -38,7 +38,7 @@ async def test_a_worker_started_during_an_outage_delivers_then_registers_and_rec
     monkeypatch.setenv("PREFECT_WEBHOOKS_API_PROBE_SECONDS", "0.5")
     get_settings.cache_clear()
     with Receiver() as receiver:
-        await asyncio.to_thread(save_destination, "offline-dest", [receiver.url], "offline-secret")
+        await asyncio.to_thread(save_destination, "offline-dest", [receiver.url], "offline-secret-of-16")
         with switched_api() as switch:
             await DestinationCache().get("offline-dest")  # an earlier process of this host loaded it: the copy
             switch.down()

@@ -65,6 +65,7 @@ from prefect_webhooks.delivery import Sender
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, deliver_definition, served_deployment
 from prefect_webhooks.flows.catch_up import run_newest_only
+from prefect_webhooks.serving.processes import log_to_stderr
 from prefect_webhooks.serving.run_records import RunRecords
 from prefect_webhooks.serving.shifts import (
     RunningShift,
@@ -347,11 +348,7 @@ async def _main(worker: DeliveryWorker, stop_requested: threading.Event) -> None
 def main() -> None:
     """Run the deliver/continuous deployment's runs in this process until SIGTERM/SIGINT."""
     # Prefect configures logging when imported; this module's lines go to stderr beside the runs' own.
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    log_to_stderr(logger)
     # A few task runs a second each logging "Finished in state Completed()" to the console and to the Prefect API
     # (one more record for the server to store per task run): their states show in the UI already. Warnings and
     # errors of the batches (timeouts, failures) are still logged.

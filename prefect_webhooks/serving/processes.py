@@ -1,8 +1,9 @@
-"""The processes below ``serve``: whether one still runs, what it started, and stopping a set of them."""
+"""The processes below ``serve``: whether one runs, what it started, stopping them, and their log lines."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -35,3 +36,13 @@ def terminate_and_wait(pids: Sequence[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(process_running(pid) for pid in pids):
         time.sleep(0.05)
+
+
+def log_to_stderr(logger: logging.Logger) -> None:
+    """Send ``logger``'s lines (INFO and up) to stderr, timestamped like Prefect's, and only there: a child process
+    of ``serve`` logs beside Prefect's console output without going through Prefect's handlers."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any
 
+from prefect_webhooks.serving.processes import log_to_stderr
+
 logger = logging.getLogger("prefect_webhooks.pruner")
 
 FIRST_PASS_AFTER_AT_MOST = 60.0
@@ -75,11 +77,7 @@ def prune_every(interval: float, stop: threading.Event) -> None:
 
 def main() -> None:
     """Prune every ``PREFECT_WEBHOOKS_RETENTION_INTERVAL`` until SIGTERM/SIGINT."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+    log_to_stderr(logger)
     from prefect_webhooks.settings import get_settings
 
     stop = threading.Event()

@@ -26,12 +26,22 @@ def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     os.environ.pop("PREFECT_WEBHOOKS_HOME", None)
     get_settings.cache_clear()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``PREFECT_WEBHOOKS_TEST_SHARD=K/N`` keeps the K-th of N shards of the collected tests. A shard holds whole
-    files, so tests that build on earlier ones in their file (the docs examples of tests/test_readme.py) stay
-    together; files go to the shard with the fewest tests so far, largest first. CI splits the fast suite of the
-    extra Python versions this way: both import every module (collection), and each test runs on one of them
-    besides 3.11."""
+    """Files holding slow tests run first, and ``PREFECT_WEBHOOKS_TEST_SHARD=K/N`` keeps a shard of the tests.
+
+    Order: CI runs the suite on parallel workers, one file at a time each (``-n 2 --dist loadfile``, so tests that
+    build on earlier ones in their file, such as the docs examples of tests/test_readme.py, keep their order). The
+    long files going first leaves the many short ones to even out the workers at the end, instead of one worker
+    running a minutes-long file alone. The order inside a file is unchanged.
+
+    Shards: the K-th of N shards holds whole files; files go to the shard with the fewest tests so far, largest
+    first. CI splits the fast suite of the extra Python versions this way (each test runs on one of them besides
+    3.11).
+    """
+    files_with_slow_tests = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in files_with_slow_tests)
     shard = os.environ.get("PREFECT_WEBHOOKS_TEST_SHARD")
     if not shard:
         return

@@ -15,14 +15,15 @@ from collections.abc import Mapping
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from prefect_webhooks.store.tables import OutcomeCounter, dialect_insert
+from prefect_webhooks.store.minute_counts import add_minute_outcomes
+from prefect_webhooks.store.tables import OutcomeCounter, dialect_insert, store_now
 
 COUNTERS = OutcomeCounter.__table__
 SHARDS = 16
 
 
 def add_outcomes(connection: Connection, counts: Mapping[tuple[str, str], int]) -> None:
-    """Add ``{(destination, outcome): n}`` to the totals, in the caller's transaction.
+    """Add ``{(destination, outcome): n}`` to the totals and to this minute's counts, in the caller's transaction.
 
     The rows are written in sorted key order: two transactions adding to the same destinations lock them in the
     same order and cannot deadlock.
@@ -37,6 +38,7 @@ def add_outcomes(connection: Connection, counts: Mapping[tuple[str, str], int]) 
         index_elements=[COUNTERS.c.destination, COUNTERS.c.outcome, COUNTERS.c.shard],
         set_={"count": COUNTERS.c.count + statement.excluded.count},
     ))
+    add_minute_outcomes(connection, counts, store_now(), shard)
 
 
 def outcome_totals(connection: Connection) -> dict[str, dict[str, int]]:

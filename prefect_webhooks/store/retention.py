@@ -6,7 +6,8 @@ One pruning pass removes, oldest first:
   ``retention_failed`` (a finished row's ``next_attempt_at`` is when it finished; the due index finds them), each
   with its attempt records; the (user, source) pairs of the removed rows go to ``user_sources``, so an unscoped
   deletion request still finds every source that saw the user;
-- messageIds remembered for deduplication longer than the dedupe window.
+- messageIds remembered for deduplication longer than the dedupe window;
+- the console's per-minute outcome counts older than a day (``minute_counts``).
 
 Never a pending message, and never a row of a user whose deletion request is still waiting: processing it needs
 them. The work is done in transactions of at most ``batch_rows`` messages, each followed by a pause as long as it
@@ -34,6 +35,7 @@ from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.footprint import StoreSize, store_size
 from prefect_webhooks.store.leases import release_lease, take_lease
+from prefect_webhooks.store.minute_counts import prune_minutes
 from prefect_webhooks.store.tables import (
     DELETION_REQUESTED,
     DeletionRequest,
@@ -57,6 +59,7 @@ LEASE_SECONDS = 120.0
 BATCH_ROWS = 500
 ATTEMPTS_REMOVED = "attempts"
 SEEN_REMOVED = "seen_message_ids"
+MINUTES_REMOVED = "outcome_minutes"
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,8 @@ def prune_store(
                 if removed < policy.batch_rows:
                     break
                 sleep((time.monotonic() - began) * policy.pause_ratio)
+        with engine.begin() as connection:
+            report.removed[MINUTES_REMOVED] = prune_minutes(connection, now)
         report.oldest_kept = oldest_kept(engine)
         _checkpoint(engine)
         report.size = store_size(engine)

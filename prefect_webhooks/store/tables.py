@@ -253,3 +253,20 @@ def to_store_time(value: datetime) -> datetime:
 def dialect_insert(connection: Connection) -> Any:
     """The store's ``insert`` construct, with ``on_conflict_do_nothing`` and ``on_conflict_do_update``."""
     return sqlite_insert if connection.dialect.name == "sqlite" else postgresql_insert
+
+
+class OutcomeMinute(SQLModel, table=True):
+    """Outcomes per destination and minute, for the console's charts: a counter per minute, never a scan.
+
+    Written with the running totals (``counters.add_outcomes``) in the transaction that records the outcomes;
+    pruning removes minutes older than ``minute_counts.KEPT_FOR``. On PostgreSQL a transaction adds to one of
+    ``counters.SHARDS`` rows, as the totals do.
+    """
+
+    __tablename__ = "outcome_minutes"
+
+    destination: str = Field(primary_key=True, max_length=255)
+    minute: NaiveDatetime = Field(primary_key=True, description="The minute's start, naive UTC.")
+    outcome: str = Field(primary_key=True, max_length=16, description="delivered, failed or filtered.")
+    shard: int = Field(primary_key=True, default=0)
+    count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))

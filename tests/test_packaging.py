@@ -66,6 +66,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def test_the_wheel_is_the_file_getting_started_installs(wheel: Path) -> None:
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"prefect_webhooks-[\w.]+-py3-none-any\.whl", page)) == {wheel.name}
+
+
 def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}

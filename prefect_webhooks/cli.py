@@ -220,8 +220,12 @@ def prune(
                      "(for a store whose Prefect server is away)."),
     ] = False,
 ) -> None:
-    """Run one retention pass now: messages past PREFECT_WEBHOOKS_RETENTION_DELIVERED / _FAILED (with their attempt
-    records), old messageIds, and prefect-webhooks' flow runs older than PREFECT_WEBHOOKS_RETENTION_RUNS."""
+    """Run one retention pass now.
+
+    Removes the messages older than their retention (PREFECT_WEBHOOKS_RETENTION_DELIVERED,
+    PREFECT_WEBHOOKS_RETENTION_FAILED) with their attempt records, old messageIds, and prefect-webhooks' flow runs
+    older than PREFECT_WEBHOOKS_RETENTION_RUNS.
+    """
     from prefect_webhooks.utilities.tables import table_text
 
     if store_only:
@@ -240,7 +244,14 @@ def prune(
 
     with tags(OUR_TAG):
         result = prune_flow()
-    print(table_text(("removed or measured", "count"), list(result.items())))
+    if "skipped" in result:
+        print(f"pruning skipped: {result['skipped']}")
+        return
+    # The store's size is a measure, not a count of removed rows: said on a line of its own.
+    store_bytes = result.pop("store_bytes", None)
+    print(table_text(("removed", "count"), list(result.items())))
+    if store_bytes is not None:
+        print(f"store size after the pass: {store_bytes / 1e6:.1f} MB")
 
 
 @app.command()

@@ -21,6 +21,7 @@ from prefect_webhooks.flows.old_runs import RunsRemoved, remove_old_runs
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.retention import PruneReport, prune_store
 from prefect_webhooks.utilities.sync_flows import sync_compatible
+from prefect_webhooks.utilities.tagged_flows import tagged
 
 ARTIFACT_KEY = "store-retention"
 
@@ -35,6 +36,7 @@ def report_description(report: PruneReport, runs: RunsRemoved, runs_retention: f
             f"{runs_retention:g} s removed, with {runs.artifacts} artifacts.")
 
 
+@tagged
 @sync_compatible
 @flow(name="prune", log_prints=False)
 async def prune() -> dict[str, Any]:

@@ -220,12 +220,9 @@ def prune(
                      "(for a store whose Prefect server is away)."),
     ] = False,
 ) -> None:
-    """Run one retention pass now.
-
-    Removes the messages older than their retention (PREFECT_WEBHOOKS_RETENTION_DELIVERED,
-    PREFECT_WEBHOOKS_RETENTION_FAILED) with their attempt records, old messageIds, and prefect-webhooks' flow runs
-    older than PREFECT_WEBHOOKS_RETENTION_RUNS.
-    """
+    """Run one retention pass now: messages older than their retention (PREFECT_WEBHOOKS_RETENTION_DELIVERED,
+    PREFECT_WEBHOOKS_RETENTION_FAILED) with their attempts, old messageIds, and prefect-webhooks' flow runs older
+    than PREFECT_WEBHOOKS_RETENTION_RUNS."""
     from prefect_webhooks.utilities.tables import table_text
 
     if store_only:
@@ -237,21 +234,10 @@ def prune(
         print(report.summary())
         return
     exit_without_prefect_api("prune", also="or prune the store alone with --store-only")
-    from prefect import tags
-
-    from prefect_webhooks.flows.old_runs import OUR_TAG
     from prefect_webhooks.flows.prune import prune as prune_flow
+    from prefect_webhooks.flows.prune import result_text
 
-    with tags(OUR_TAG):
-        result = prune_flow()
-    if "skipped" in result:
-        print(f"pruning skipped: {result['skipped']}")
-        return
-    # The store's size is a measure, not a count of removed rows: said on a line of its own.
-    store_bytes = result.pop("store_bytes", None)
-    print(table_text(("removed", "count"), list(result.items())))
-    if store_bytes is not None:
-        print(f"store size after the pass: {store_bytes / 1e6:.1f} MB")
+    print(result_text(prune_flow()))  # its run carries the prefect-webhooks tag (a tagged flow)
 
 
 @app.command()

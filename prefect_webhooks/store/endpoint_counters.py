@@ -4,9 +4,8 @@ Each batch's requests are added in the transaction that records its outcomes (``
 ``/metrics`` reads a few rows per endpoint, never the attempt log. A row of ``endpoint_counters`` holds one
 ``series`` of one (destination, URL):
 
-- ``requests <outcome> <class>``: requests that ended ``delivered``, ``retry`` or ``permanent`` (``split`` for a
-  batch sent again in halves), by status class ``2xx``…``5xx``, or ``none`` when no answer came (timeout,
-  connection error, circuit open);
+- ``requests <outcome> <class>``: requests that ended ``delivered``, ``retry`` or ``permanent``, by status class
+  ``2xx``…``5xx``, or ``none`` when no answer came (timeout, connection error, circuit open);
 - ``latency_le <bound>``: requests whose latency was at most ``bound`` seconds and above the bound below it (one
   row per bucket; ``/metrics`` adds them up into the cumulative buckets Prometheus expects);
 - ``latency_sum_us``: the latencies' sum, in microseconds (integers add exactly in every database).

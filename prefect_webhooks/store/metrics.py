@@ -180,8 +180,8 @@ def prometheus_text(snapshot: dict[str, Any]) -> str:
 
 def _endpoint_lines(endpoints: list[dict[str, Any]]) -> list[str]:
     """The per-endpoint counter and histogram, labelled by destination and endpoint URL."""
-    lines = [f"# HELP {ENDPOINT_REQUESTS} Requests to an endpoint URL by outcome (delivered, retry, permanent, split) "
-             "and status class (2xx..5xx, none when no answer came).",
+    lines = [f"# HELP {ENDPOINT_REQUESTS} Requests to an endpoint URL by outcome (delivered, retry, permanent) and "
+             "status class (2xx..5xx, none when no answer came).",
              f"# TYPE {ENDPOINT_REQUESTS} counter"]
     for endpoint in endpoints:
         labels = f'destination="{_label(endpoint["destination"])}",endpoint="{_label(endpoint["endpoint"])}"'

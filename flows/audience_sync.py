@@ -28,6 +28,7 @@ from prefect.states import State
 from prefect_webhooks.audiences.sync import AudienceDefinition, AudienceError, SyncResult, sync_audience
 from prefect_webhooks.flows.catch_up import superseded
 from prefect_webhooks.inbound.sources import read_source
+from prefect_webhooks.utilities.tagged_flows import tagged
 
 PROGRESS_STEP = 2.0
 
@@ -91,6 +92,7 @@ def result_table(result: SyncResult) -> list[dict[str, object]]:
     ]
 
 
+@tagged
 @flow(name="audience-sync", log_prints=False)
 def audience_sync(definition: AudienceDefinition, allow_empty: bool = False) -> SyncResult | State[Any]:
     """Sync one audience or computed trait to the Webhooks destinations of its sources.

@@ -25,6 +25,7 @@ from prefect_webhooks.deletions.processing import DeletionOutcome, affected_sour
 from prefect_webhooks.deletions.requests import PendingRequest, pending_requests, request_deletion, user_reference
 from prefect_webhooks.flows.catch_up import superseded
 from prefect_webhooks.inbound.sources import read_source
+from prefect_webhooks.utilities.tagged_flows import tagged
 
 ARTIFACT_KEY = "deletion-requests"
 BATCH_SIZE = 200
@@ -69,6 +70,7 @@ def outcome_table(requests: Sequence[PendingRequest], outcomes: Sequence[Deletio
     return rows
 
 
+@tagged
 @flow(name="deletions")
 def deletions(
     user_id: str | None = None,

@@ -25,6 +25,7 @@ from prefect_webhooks.blocks.api_status import PrefectApiUnavailable, prefect_ap
 from prefect_webhooks.blocks.rotation import afinish_rotations
 from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, current_shift, deliver_due
 from prefect_webhooks.utilities.sync_flows import sync_compatible
+from prefect_webhooks.utilities.tagged_flows import tagged
 
 # Publishing a run's artifacts takes one call per endpoint; it happens after the run's last batch, off the data path.
 ARTIFACTS_WAIT_SECONDS = 15.0
@@ -118,6 +119,7 @@ async def finish_ended_rotations() -> list[str]:
     return finished
 
 
+@tagged
 @sync_compatible
 @flow(name="deliver", log_prints=False)
 async def deliver(

@@ -36,6 +36,7 @@ from prefect_webhooks.inbound.ingestion import IngestResult, Rejection, ingest_b
 from prefect_webhooks.inbound.sources import SourceInfo, aread_source
 from prefect_webhooks.utilities.runtime import lazy_module
 from prefect_webhooks.utilities.sync_flows import sync_compatible
+from prefect_webhooks.utilities.tagged_flows import tagged
 
 pd = lazy_module("pandas")
 
@@ -220,6 +221,7 @@ async def publish_artifacts(summary: dict[str, Any], rejections: list[dict[str, 
     )
 
 
+@tagged
 @sync_compatible
 @flow(name="ingest")
 async def ingest(source: str, calls: Any, batch_size: int = 1000) -> dict[str, Any]:

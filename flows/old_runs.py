@@ -30,10 +30,11 @@ from prefect.client.schemas.objects import StateType
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound
 
+from prefect_webhooks.utilities.tagged_flows import OUR_TAG as OUR_TAG  # the tag's home; named here as before
+
 if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
 
-OUR_TAG = "prefect-webhooks"
 # Runs removed per pass at most: a pass stays short, and a backlog of old runs goes over a few passes.
 MOST_RUNS_PER_PASS = 200
 FINISHED = [StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED]

@@ -21,6 +21,8 @@ from prefect_webhooks.flows.old_runs import RunsRemoved, remove_old_runs
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.retention import PruneReport, prune_store
 from prefect_webhooks.utilities.sync_flows import sync_compatible
+from prefect_webhooks.utilities.tables import table_text
+from prefect_webhooks.utilities.tagged_flows import tagged
 
 ARTIFACT_KEY = "store-retention"
 
@@ -35,6 +37,7 @@ def report_description(report: PruneReport, runs: RunsRemoved, runs_retention: f
             f"{runs_retention:g} s removed, with {runs.artifacts} artifacts.")
 
 
+@tagged
 @sync_compatible
 @flow(name="prune", log_prints=False)
 async def prune() -> dict[str, Any]:
@@ -62,6 +65,18 @@ async def prune() -> dict[str, Any]:
                 runs.artifacts)
     return {**report.removed, "flow_runs": runs.flow_runs, "artifacts": runs.artifacts,
             "store_bytes": report.size.total_bytes if report.size else None}
+
+
+def result_text(result: dict[str, Any]) -> str:
+    """A ``prune`` run's result for a person: rows removed per kind as a table, the store's size on a line of its
+    own (a measure, not a count of removed rows), or why the pass was skipped."""
+    if "skipped" in result:
+        return f"pruning skipped: {result['skipped']}"
+    removed = {name: count for name, count in result.items() if name != "store_bytes"}
+    lines = [table_text(("removed", "count"), list(removed.items()))]
+    if result.get("store_bytes") is not None:
+        lines.append(f"store size after the pass: {result['store_bytes'] / 1e6:.1f} MB")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,14 @@ from prefect_webhooks.blocks.enabling import adestinations_with_url
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.replay import DEFAULT_CHUNK, ReplaySelection, count_selected, replay_chunk
 from prefect_webhooks.utilities.sync_flows import sync_compatible
+from prefect_webhooks.utilities.tagged_flows import tagged
 
 
 def _text(value: object) -> str:
     return value.isoformat() if isinstance(value, datetime) else ("" if value is None else str(value))
 
 
+@tagged
 @sync_compatible
 @flow(name="replay")
 async def replay(

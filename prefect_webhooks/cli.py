@@ -220,8 +220,9 @@ def prune(
                      "(for a store whose Prefect server is away)."),
     ] = False,
 ) -> None:
-    """Run one retention pass now: messages past PREFECT_WEBHOOKS_RETENTION_DELIVERED / _FAILED (with their attempt
-    records), old messageIds, and prefect-webhooks' flow runs older than PREFECT_WEBHOOKS_RETENTION_RUNS."""
+    """Run one retention pass now: messages older than their retention (PREFECT_WEBHOOKS_RETENTION_DELIVERED,
+    PREFECT_WEBHOOKS_RETENTION_FAILED) with their attempts, old messageIds, and prefect-webhooks' flow runs older
+    than PREFECT_WEBHOOKS_RETENTION_RUNS."""
     from prefect_webhooks.utilities.tables import table_text
 
     if store_only:
@@ -233,14 +234,10 @@ def prune(
         print(report.summary())
         return
     exit_without_prefect_api("prune", also="or prune the store alone with --store-only")
-    from prefect import tags
-
-    from prefect_webhooks.flows.old_runs import OUR_TAG
     from prefect_webhooks.flows.prune import prune as prune_flow
+    from prefect_webhooks.flows.prune import result_text
 
-    with tags(OUR_TAG):
-        result = prune_flow()
-    print(table_text(("removed or measured", "count"), list(result.items())))
+    print(result_text(prune_flow()))  # its run carries the prefect-webhooks tag (a tagged flow)
 
 
 @app.command()

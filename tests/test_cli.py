@@ -216,6 +216,23 @@ def test_prune_store_only_prints_what_it_removed(store_url: str, capsys: pytest.
         assert connection.exec_driver_sql("SELECT count(*) FROM outbox").scalar_one() == 1
 
 
+def test_prune_help_reads_as_sentences() -> None:
+    # A setting's name split from its partner ("... _DELIVERED" / "/ _FAILED") read as a stray line break.
+    assert not [line for line in _help("prune").splitlines() if line.strip().startswith("/")]
+    assert "PREFECT_WEBHOOKS_RETENTION_FAILED" in " ".join(_help("prune").split())
+
+
+def test_prune_lists_removed_rows_and_says_the_store_size_apart(
+    prefect_harness: None, store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["prune"]) == 0
+    out = capsys.readouterr().out
+    table, size = out.rsplit("\n", 2)[0], out.rsplit("\n", 2)[1]
+    assert table.splitlines()[0].split() == ["removed", "count"]
+    assert "store_bytes" not in out and "flow_runs" in table
+    assert re.fullmatch(r"store size after the pass: \d+\.\d MB", size), out
+
+
 def test_endpoint_commands_show_and_switch_a_destinations_endpoints(prefect_harness: None, store_url: str) -> None:
     from prefect.settings import PREFECT_API_URL
 

@@ -66,6 +66,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def test_the_wheel_is_the_file_getting_started_installs(wheel: Path) -> None:
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"prefect_webhooks-[\w.]+-py3-none-any\.whl", page)) == {wheel.name}
+
+
+def test_an_editable_install_ends_without_a_build_backend_notice(tmp_path: Path) -> None:
+    venv = tmp_path / "editable"
+    run(sys.executable, "-m", "venv", venv)
+    done = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-deps", "-e", str(ROOT)], capture_output=True,
+                          text=True, timeout=600, cwd="/")
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "Warning" not in output and "same name as your package" not in output, output[-3000:]
+    # The editable install imports the source tree, its two folders from outside the package folder included.
+    # (Found, not imported: the virtualenv holds the package alone, without Prefect.)
+    found = run(venv / "bin" / "python", "-c", "from importlib.util import find_spec as f; "
+                "print(*(f(f'prefect_webhooks.{n}').submodule_search_locations[0] for n in ('flows', 'deployments')))")
+    assert found.split() == [str(ROOT / "flows"), str(ROOT / "deployments")]
+
+
 def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}

@@ -175,7 +175,7 @@ async def process_batch(
         decide(row, results, writes, now=finished, hold_until=hold_until, owner=context.owner, settings=settings,
                sent_at=now)
         if destination.batching is None:  # a batch's requests were counted as they were sent
-            context.stats.add_requests(destination.name, results)
+            writes.count_requests(context.stats, destination.name, results)
     retry_together(writes.records.rescheduled, batched)
     for row in deferred:
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,

@@ -145,7 +145,7 @@ async def _send(
     writes: BatchWrites,
 ) -> Sent:
     result = await context.sender.request(batch_request(endpoint, destination.signer, key_prefix, items))
-    context.stats.add_requests(destination.name, [result])
+    writes.count_requests(context.stats, destination.name, [result])
     if result.status == 413 and len(items) > 1:
         reason = f"batch of {len(items)} too large, sent again in halves"
         writes.records.attempts.extend(Attempt(outbox_id, result.attempted_at, result.url, result.status, reason,

@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.messages.outcomes import (
     DELIVERED,
     PERMANENT,
     RETRY,
     Attempt,
     Delivered,
+    EndpointRequest,
     Failed,
     OutcomeRecords,
     Rescheduled,
@@ -39,6 +41,14 @@ class BatchWrites:
         """Mark ``row`` failed for good (an event is emitted once the batch is recorded)."""
         self.records.failed.append(Failed(row.id, reason, attempts, first_attempt_at, row.destination))
         self.failures.append((row, reason, attempts))
+
+    def count_requests(self, stats: DeliveryStats, destination: str, results: Sequence[RequestResult]) -> None:
+        """Count requests once each: in the run's ``stats`` (its artifact) and in the store's per-endpoint counters
+        (``/metrics``), which the batch's outcomes are written with."""
+        stats.add_requests(destination, results)
+        self.records.requests.extend(
+            EndpointRequest(destination, display_url(result.url), result.outcome, result.status, result.latency_ms)
+            for result in results)
 
 
 def _reason(results: Sequence[RequestResult], outcome: str) -> str:

@@ -20,6 +20,8 @@ from prefect_webhooks.signing.headers import MessageSigner
 from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
 from prefect_webhooks.store.endpoint_states import url_key
 
+# The delivery contract's version (the destination spec's ``<product_name>/1.0``), not the package's: receivers may
+# allow-list it, so it moves only with the bodies and headers they get.
 USER_AGENT = "prefect-webhooks/1.0"
 AUTHORIZATION_HEADER = "Authorization"
 

@@ -152,11 +152,17 @@ def wait_for_running_deliveries(stack: DemoStack, timeout: float) -> None:
         raise TimeoutError(f"{len(waiting)} deliver run(s) still running after {timeout:.0f} s")
 
 
-def drive(stack: DemoStack, timeout: float, echo: bool = True) -> dict[str, Any]:
+LINGER_HINT = "scripts/quickstart --linger 600 keeps it up for ten minutes after the summary"
+
+
+def drive(stack: DemoStack, timeout: float, echo: bool = True, *, linger: float = 0.0) -> dict[str, Any]:
     """Send the traffic of a demo run through a started stack and wait for the receiver to have all of it."""
     from prefect_webhooks.deployments.serve import DELETIONS_DEPLOYMENT, DELIVER_DEPLOYMENT
 
     say = print if echo else (lambda *_args, **_kw: None)
+    # Said while the UI is up: the summary comes when the demo is about to stop it.
+    after = f"and for {linger:.0f} s after the summary" if linger > 0 else f"and stops with it ({LINGER_HINT})"
+    say(f"Prefect UI, up while the demo runs {after}: {stack.ui_url}", flush=True)
     deadline = time.monotonic() + timeout
     with prefect_settings(stack):
         served = [f"deliver/{DELIVER_DEPLOYMENT}", f"deletions/{DELETIONS_DEPLOYMENT}"]
@@ -202,7 +208,7 @@ def ui_links(stack: DemoStack) -> dict[str, str]:
     return links
 
 
-def report(result: dict[str, Any], stack: DemoStack) -> str:
+def report(result: dict[str, Any], stack: DemoStack, *, linger: float = 0.0) -> str:
     """The demo's closing summary: counts per type, the signature check, where to look."""
     want = expected_counts()
     counts: Counter[str] = result["counts"]
@@ -217,6 +223,8 @@ def report(result: dict[str, Any], stack: DemoStack) -> str:
     lines.append(f"signatures: {result['verified']}/{total} verified")
     lines.append("")
     lines.append(f"Prefect UI (while the demo runs): {stack.ui_url}")
+    if linger <= 0:
+        lines.append(f"  the demo stops it now; {LINGER_HINT}")
     for label, url in result["links"].items():
         lines.append(f"  {label}: {url}")
     lines.append("Browse this run afterwards:")
@@ -241,11 +249,11 @@ def run_demo(run_dir: Path | None, *, timeout: float, linger: float = 0.0) -> in
     started = time.monotonic()
     with demo_stack(run_dir) as stack:
         try:
-            result = drive(stack, timeout)
+            result = drive(stack, timeout, linger=linger)
         except Exception as exc:  # noqa: BLE001 - any failure ends the demo with a short message and the logs
             print(f"demo failed: {type(exc).__name__}: {exc}\nlogs: {stack.run_dir}", file=sys.stderr)
             return 1
-        print(report(result, stack))
+        print(report(result, stack, linger=linger))
         print(f"finished in {time.monotonic() - started:.0f} s", flush=True)
         if linger > 0:
             print(f"keeping everything up for {linger:.0f} s (Ctrl-C to stop) …", flush=True)

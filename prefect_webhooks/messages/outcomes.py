@@ -84,6 +84,17 @@ class Attempt:
     outcome: str
 
 
+@dataclass(slots=True)
+class EndpointRequest:
+    """One request made to one endpoint URL (or refused before sending), for the per-endpoint counters."""
+
+    destination: str
+    url: str
+    outcome: str
+    status_code: int | None
+    latency_ms: float
+
+
 @dataclass
 class OutcomeRecords:
     """Everything one try of a batch writes back."""
@@ -93,3 +104,5 @@ class OutcomeRecords:
     rescheduled: list[Rescheduled] = field(default_factory=list)
     filtered: list[Filtered] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
+    requests: list[EndpointRequest] = field(default_factory=list)
+    """Each request once (a batch request carries many messages' attempts), for ``/metrics`` per endpoint."""

@@ -1,9 +1,10 @@
-"""Monitoring figures read from the store: backlog depth, oldest pending age and outcome totals.
+"""Monitoring figures read from the store: backlog depth, oldest pending age, outcome totals, requests per endpoint.
 
 The same snapshot feeds the Prometheus text at ``/metrics``, the JSON health at ``/health/backlog`` and the
 ``prefect-webhooks status`` command. Everything is read from the store, so any process that can reach it (the
 ingest API, a CLI on another host) reports the same figures. The cost does not grow with history: the totals are
-the outcome counters (``counters``: a few rows per destination), the gauges read pending rows only, through the
+the outcome counters (``counters``: a few rows per destination) and the endpoint counters (``endpoint_counters``:
+a few rows per endpoint URL), the gauges read pending rows only, through the
 due index (``pending_gauge_query``); delivered, failed and filtered rows are never read.
 """
 
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Engine
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
 from prefect_webhooks.store.counters import outcome_totals
+from prefect_webhooks.store.endpoint_counters import EndpointTotals, endpoint_totals
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.tables import OutboxMessage, store_now
 from prefect_webhooks.utilities.tables import table_text
@@ -44,6 +46,8 @@ _METRICS = (
         "filtered",
     ),
 )
+ENDPOINT_REQUESTS = "prefect_webhooks_endpoint_requests_total"
+ENDPOINT_LATENCY = "prefect_webhooks_endpoint_latency_seconds"
 
 
 def _empty_figures() -> dict[str, Any]:
@@ -86,9 +90,10 @@ def backlog_snapshot(engine: Engine | None = None, now: datetime | None = None) 
         now: The time ages are measured at (naive UTC); the current time by default.
 
     Returns:
-        ``{"generated_at", "destinations": {name: figures}, "totals": figures}`` where figures has ``pending``,
-        ``in_flight``, ``delivered``, ``failed``, ``filtered``, ``oldest_pending_at`` (ISO or None) and
-        ``oldest_pending_age_seconds``.
+        ``{"generated_at", "destinations": {name: figures}, "totals": figures, "endpoints": [...]}`` where figures
+        has ``pending``, ``in_flight``, ``delivered``, ``failed``, ``filtered``, ``oldest_pending_at`` (ISO or None)
+        and ``oldest_pending_age_seconds``, and each endpoint (URL without query or credentials) has its
+        ``requests`` by outcome and status class and its latency histogram.
 
     Example:
         ```python
@@ -102,6 +107,7 @@ def backlog_snapshot(engine: Engine | None = None, now: datetime | None = None) 
     with engine.connect() as connection:
         totals = outcome_totals(connection)
         pending = list(connection.execute(pending_gauge_query(now)))
+        endpoints = endpoint_totals(connection)
     for destination, outcomes in totals.items():
         figures = destinations.setdefault(destination, _empty_figures())
         for outcome in (DELIVERED, FAILED, FILTERED):
@@ -116,6 +122,19 @@ def backlog_snapshot(engine: Engine | None = None, now: datetime | None = None) 
         "generated_at": now.isoformat() + "Z",
         "destinations": dict(sorted(destinations.items())),
         "totals": _totals(destinations.values()),
+        "endpoints": [_endpoint_document(endpoint) for endpoint in endpoints],
+    }
+
+
+def _endpoint_document(endpoint: EndpointTotals) -> dict[str, Any]:
+    buckets = endpoint.cumulative_buckets()
+    return {
+        "destination": endpoint.destination,
+        "endpoint": endpoint.url,
+        "requests": [{"outcome": outcome, "status_class": klass, "count": count}
+                     for (outcome, klass), count in sorted(endpoint.requests.items())],
+        "latency_seconds": {"buckets": dict(buckets), "sum": round(endpoint.latency_sum_seconds, 6),
+                            "count": buckets[-1][1]},
     }
 
 
@@ -146,7 +165,8 @@ def prometheus_text(snapshot: dict[str, Any]) -> str:
         snapshot: What ``backlog_snapshot`` returned.
 
     Returns:
-        One ``# HELP``/``# TYPE`` block per metric, one sample per destination, ending with a newline.
+        One ``# HELP``/``# TYPE`` block per metric, one sample per destination (per endpoint URL and series for the
+        endpoint metrics), ending with a newline.
     """
     lines: list[str] = []
     for name, kind, help_text, field in _METRICS:
@@ -154,7 +174,30 @@ def prometheus_text(snapshot: dict[str, Any]) -> str:
         lines.append(f"# TYPE {name} {kind}")
         for destination, figures in snapshot["destinations"].items():
             lines.append(f'{name}{{destination="{_label(destination)}"}} {_number(figures[field])}')
+    lines.extend(_endpoint_lines(snapshot.get("endpoints", [])))
     return "\n".join(lines) + "\n"
+
+
+def _endpoint_lines(endpoints: list[dict[str, Any]]) -> list[str]:
+    """The per-endpoint counter and histogram, labelled by destination and endpoint URL."""
+    lines = [f"# HELP {ENDPOINT_REQUESTS} Requests to an endpoint URL by outcome (delivered, retry, permanent) and "
+             "status class (2xx..5xx, none when no answer came).",
+             f"# TYPE {ENDPOINT_REQUESTS} counter"]
+    for endpoint in endpoints:
+        labels = f'destination="{_label(endpoint["destination"])}",endpoint="{_label(endpoint["endpoint"])}"'
+        for request in endpoint["requests"]:
+            lines.append(f'{ENDPOINT_REQUESTS}{{{labels},outcome="{request["outcome"]}",'
+                         f'status_class="{request["status_class"]}"}} {request["count"]}')
+    lines += [f"# HELP {ENDPOINT_LATENCY} Latency of requests to an endpoint URL, in seconds.",
+              f"# TYPE {ENDPOINT_LATENCY} histogram"]
+    for endpoint in endpoints:
+        labels = f'destination="{_label(endpoint["destination"])}",endpoint="{_label(endpoint["endpoint"])}"'
+        latency = endpoint["latency_seconds"]
+        for bound, count in latency["buckets"].items():
+            lines.append(f'{ENDPOINT_LATENCY}_bucket{{{labels},le="{bound}"}} {count}')
+        lines.append(f"{ENDPOINT_LATENCY}_sum{{{labels}}} {latency['sum']!r}")
+        lines.append(f"{ENDPOINT_LATENCY}_count{{{labels}}} {latency['count']}")
+    return lines
 
 
 def health_document(snapshot: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.messages.retry import RETRY_AFTER_REASON
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import add_outcomes
+from prefect_webhooks.store.endpoint_counters import add_requests
 from prefect_webhooks.store.engines import get_engine, insert_rows
 from prefect_webhooks.store.ordering import claimable_in_order
 from prefect_webhooks.store.replay import replay_failed as replay_failed  # its home before the replay module
@@ -313,8 +314,8 @@ _RESCHEDULE = (
 
 
 def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
-    """Write one batch's results in one transaction: the attempt log, bulk updates per kind of outcome, and the
-    outcome counters.
+    """Write one batch's results in one transaction: the attempt log, bulk updates per kind of outcome, the
+    outcome counters and the per-endpoint request counters.
 
     Only rows still pending change (a row a deletion purged meanwhile stays as the purge left it), and only those
     count. A finished row's ``next_attempt_at`` becomes the time it finished, which retention counts from.
@@ -355,6 +356,7 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
                         lease_expires_at=None)
             ).rowcount
         add_outcomes(connection, counts)
+        add_requests(connection, records.requests)
 
 
 def _same_values(rows: Sequence[Delivered]) -> list[list[Delivered]]:

@@ -205,6 +205,24 @@ class OutcomeCounter(SQLModel, table=True):
     count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
 
 
+class EndpointCounter(SQLModel, table=True):
+    """Part of a running total of requests to one endpoint URL of a destination; the total is the sum over ``shard``.
+
+    ``series`` names what is counted (``endpoint_counters`` spells them out): requests by outcome and status class,
+    latency histogram buckets and the latency sum. Written in the transaction that records the outcomes, never
+    decreased, untouched by pruning, sharded on PostgreSQL as ``OutcomeCounter`` is.
+    """
+
+    __tablename__ = "endpoint_counters"
+
+    destination: str = Field(primary_key=True, max_length=255)
+    url_key: str = Field(primary_key=True, max_length=32, description="SHA-256 of ``url``, hex, first 32 digits.")
+    series: str = Field(primary_key=True, max_length=64)
+    shard: int = Field(primary_key=True, default=0)
+    url: str = Field(default="", description="The URL without query or credentials: the metrics' label.")
+    count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+
+
 class UserSource(SQLModel, table=True):
     """A source that sent events about a user whose outbox rows retention has removed.
 

@@ -64,6 +64,10 @@ def test_quickstart_runs_the_demo_and_cleans_up(tmp_path: Path) -> None:
     assert "signatures: 12/12 verified" in done.stdout
     ui = re.search(r"Prefect UI \(while the demo runs\): (http://127\.0\.0\.1:\d+)", done.stdout)
     assert ui, done.stdout
+    # The address is given while the UI is up, before the traffic, with how to keep it up after the summary.
+    early = re.search(r"Prefect UI, up while the demo runs and stops with it "
+                      r"\(scripts/quickstart --linger 600 [^)]*\): (\S+)", done.stdout)
+    assert early and early[1] == ui[1] and early.start() < done.stdout.index("sending identify"), done.stdout
     for flow in ("deliver", "audience-sync", "deletions"):
         assert re.search(rf"latest {flow} run: {re.escape(ui[1])}/runs/flow-run/[0-9a-f-]{{36}}", done.stdout)
     for key in ("delivery-", "audience-vip-users", "deletion-requests"):
@@ -92,3 +96,5 @@ def test_report_shows_counts_signatures_and_links(tmp_path: Path) -> None:
     assert _counts_table(text) == expected_counts()
     assert "signatures: 12/12 verified" in text
     assert "artifacts: http://127.0.0.1:4999/artifacts" in text
+    assert "the demo stops it now; scripts/quickstart --linger 600 keeps it up" in text
+    assert "stops it now" not in report(result, Stack(), linger=600)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import hmac
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
 from tests.receivers import Receiver
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -311,6 +314,39 @@ async def test_filtered_messages_are_counted_in_the_summary_and_an_artifact(sett
         {"destination": name, "rule": "drop rule #2", "filtered": 1},
     ]
     assert not any("v4lue-secret" in artifact["data"] for artifact in artifacts)
+
+
+def _docs_text() -> str:
+    return "\n".join(path.read_text(encoding="utf-8") for path in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+
+
+async def test_the_artifact_keys_and_task_runs_the_docs_show_are_the_ones_a_run_makes(settings_env: Any) -> None:
+    docs = _docs_text()
+    shown_keys = set(re.findall(r"`((?:delivery|filtered)-<destination>-<hash>)`", docs))
+    shown_tasks = set(re.findall(r"`(deliver-[a-z-]+)` task runs?", docs))
+    assert shown_keys == {"delivery-<destination>-<hash>", "filtered-<destination>-<hash>"}
+    assert shown_tasks == {"deliver-batches"}
+    for untrue in ("artifact per destination", "one task per batch"):
+        assert untrue not in docs
+    name = block_name()
+    with Receiver() as first, Receiver() as second:
+        await WebhookDestination(endpoints=[{"url": first.url}, {"url": second.url}], shared_secret="s3cret-s3cret-01",
+                                 filters=[{"action": "drop", "conditions": [{"field": "properties.n", "equals": 0}]}],
+                                 ).save(name)
+        enqueue(name, [track(n) for n in range(5)])
+        state = await deliver(batch_size=2, return_state=True)
+        assert (await state.result())["delivered"] == 4
+    flow_run_id = state.state_details.flow_run_id
+    keys = [artifact["key"] for artifact in await artifacts_of(flow_run_id)]
+    patterns = {shown: re.escape(shown).replace(re.escape("<destination>"), re.escape(name))
+                .replace(re.escape("<hash>"), "[0-9a-f]{10}") for shown in shown_keys}
+    made = {shown: [key for key in keys if re.fullmatch(pattern, key)] for shown, pattern in patterns.items()}
+    # One delivery artifact per endpoint URL, one filtered artifact for the destination, and nothing else.
+    assert sorted(len(found) for found in made.values()) == [1, 2] and len(made["delivery-<destination>-<hash>"]) == 2
+    assert sorted(keys) == sorted(key for found in made.values() for key in found)
+    # Three batches of two claimed within one window: one task run, named as the docs name it.
+    (run,) = await task_runs_of(flow_run_id, 1)
+    assert run.name.rsplit("-", 1)[0] in shown_tasks
 
 
 async def test_a_block_saved_with_a_bad_rule_through_the_api_holds_its_messages(

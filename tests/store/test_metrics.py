@@ -107,7 +107,7 @@ def test_prometheus_text_is_well_formed(filled_store: str) -> None:
     sample = re.compile(r'^[a-z_]+\{destination="(?:[^"\\]|\\.)*"\} -?[0-9.]+$')
     for line in text.splitlines():
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
-    assert text.count("# TYPE ") == 6
+    assert text.count("# TYPE ") == 8  # six per destination, two per endpoint URL
 
 
 def test_status_table_lists_each_destination(filled_store: str) -> None:

@@ -32,6 +32,7 @@ from prefect.artifacts import TableArtifact
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.filters import (
     FlowRunFilter,
+    FlowRunFilterName,
     FlowRunFilterState,
     FlowRunFilterStateType,
     FlowRunFilterTags,
@@ -131,7 +132,12 @@ class RunRecords:
                 record = self._record_offline(client, deployment_id, entry)
             else:
                 record = self._settle_run(client, UUID(ident), entry)
-            if not await self._record(lambda made=record: made):
+            try:
+                recorded = await self._record(lambda made=record: made)
+            except asyncio.CancelledError:
+                self._keep(key, entry)  # the worker stops mid-record: kept for the next start to record
+                raise
+            if not recorded:
                 self._keep(key, entry)
                 return
 
@@ -148,9 +154,13 @@ class RunRecords:
 
     async def _record_offline(self, client: PrefectClient, deployment_id: UUID, entry: dict[str, Any]) -> None:
         started = datetime.fromtimestamp(entry["started_at"], timezone.utc)
-        flow_run = await client.create_flow_run_from_deployment(
-            deployment_id, parameters=self.parameters, tags=["offline"],
-            name=f"offline-{socket.gethostname()[:30]}-{started:%Y%m%dT%H%M%S}",
+        name = f"offline-{socket.gethostname()[:30]}-{started:%Y%m%dT%H%M%S}"
+        # A record cut off between the run and its artifacts is taken up again: the run is found by its name,
+        # not made twice.
+        made = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])),
+                                           limit=1)
+        flow_run = made[0] if made else await client.create_flow_run_from_deployment(
+            deployment_id, parameters=self.parameters, tags=["offline"], name=name,
             state=Completed(message=offline_message(entry)))
         await publish_artifacts([TableArtifact(**row) for row in entry["artifacts"] or []], flow_run.id)
         logger.info("recorded the delivery of %s to %s without Prefect as run %s of deliver/%s",

@@ -54,7 +54,10 @@ async def test_a_worker_started_during_an_outage_delivers_then_registers_and_rec
                     async with get_client() as client:
                         found = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
                             name=FlowRunFilterName(like_="offline-")))
-                    return bool(found) and worker.offline is None and bool(worker.runs)
+                        # The run is created first and its artifacts published after it: recorded means both.
+                        published = {artifact.flow_run_id for artifact in await client.read_artifacts()}
+                    return (bool(found) and found[0].id in published and worker.offline is None
+                            and bool(worker.runs))
 
                 await eventually(recorded, 60, "registered, a run took over, the offline delivery recorded")
             finally:

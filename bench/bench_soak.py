@@ -49,7 +49,6 @@ from bench_capacity import (  # noqa: E402
     Postgres,
     finish_generator,
     free_port,
-    prefect_server,
     receiver_stats,
     recorder,
     save_blocks,
@@ -57,6 +56,7 @@ from bench_capacity import (  # noqa: E402
     started,
     wait_http,
 )
+from outage_fault import PrefectServerProcess  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 STEP = [1000]  # step numbers, unique across the run (the receiver keeps each step apart)
@@ -141,11 +141,10 @@ class Bench:
         self.env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PYTEST_"))}
         self.env.update({"PYTHONPATH": str(ROOT), "PREFECT_HOME": str(self.workdir / "prefect-client"),
                          "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
-        server_port, server_cm = prefect_server(self.workdir, self.env)
-        server = stack.enter_context(server_cm)
+        server = stack.enter_context(PrefectServerProcess(self.workdir, self.env, free_port()))
         self.receiver_port, receiver_cm = recorder(self.workdir)
         receiver = stack.enter_context(receiver_cm)
-        self.api_url = f"http://127.0.0.1:{server_port}/api"
+        self.api_url = server.url
         self.prefect_db = self.workdir / "prefect-server" / "prefect.db"
         self.env["PREFECT_API_URL"] = self.api_url
         os.environ.update({"PREFECT_API_URL": self.api_url, "PREFECT_HOME": self.env["PREFECT_HOME"]})

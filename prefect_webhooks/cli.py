@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from prefect_webhooks.commands.endpoints import endpoint_app
+from prefect_webhooks.commands.named_blocks import named_block
 from prefect_webhooks.serving.service import DEFAULT_GRACE_SECONDS
 from prefect_webhooks.utilities.prefect_api import exit_without_prefect_api
 
@@ -252,8 +253,6 @@ def preview(
     """Print the exact requests (method, URL, headers, signatures, body) a destination would make for a message,
     without sending anything; secret header values are masked."""
     from prefect_webhooks.blocks.destination import WebhookDestination
-    from prefect_webhooks.blocks.saved import is_missing_block
-    from prefect_webhooks.blocks.validated import InvalidBlockError
     from prefect_webhooks.delivery.preview import check_messages, preview_requests
     exit_without_prefect_api("preview")
     try:
@@ -262,15 +261,8 @@ def preview(
     except (OSError, ValueError) as exc:
         print(f"preview: {message}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
-    try:
+    with named_block("preview", "WebhookDestination", destination):
         block = WebhookDestination.load(destination)
-    except InvalidBlockError as exc:
-        print(f"preview: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
-    except Exception as exc:
-        reason = "no such block" if is_missing_block(exc) else f"cannot be loaded ({type(exc).__name__})"
-        print(f"preview: WebhookDestination {destination!r}: {reason}", file=sys.stderr)
-        raise typer.Exit(1) from None
     print("\n\n".join(request.text() for request in preview_requests(block, messages)))
 
 
@@ -338,7 +330,8 @@ def rotate_secret(
     elif from_stdin:
         new_secret = sys.stdin.readline().rstrip("\r\n")
     try:
-        outcome = rotate_destination_secret(block, new_secret, window_length, force)
+        with named_block("rotate-secret", "WebhookDestination", block):
+            outcome = rotate_destination_secret(block, new_secret, window_length, force)
     except RotationInProgress as exc:
         print(f"rotate-secret: a rotation of {exc.name!r} is in progress until {exc.until.isoformat()}; rotate again "
               "after it ends, or add --force to drop the older secret now", file=sys.stderr)
@@ -384,12 +377,24 @@ def replay(
     ] = False,
 ) -> None:
     """Put failed messages back into the outbox with a fresh deadline (the replay flow, with progress in the UI)."""
+    import asyncio
+
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.blocks.enabling import adestinations_with_url
+    from prefect_webhooks.delivery.sender import display_url
     from prefect_webhooks.flows.replay import replay as replay_flow
 
     if destination is None and endpoint is None:
         raise typer.BadParameter("give a destination or --endpoint URL")
     window = {"since": _moment(since, "--since"), "until": _moment(until, "--until")}
     exit_without_prefect_api("replay")
+    # An unknown destination or URL is refused before a run is made: a replay of nothing would look like success.
+    if destination is not None:
+        with named_block("replay", "WebhookDestination", destination):
+            WebhookDestination.load(destination)
+    if endpoint is not None and not asyncio.run(adestinations_with_url(endpoint)):
+        print(f"replay: no saved WebhookDestination has an endpoint at {display_url(endpoint)}", file=sys.stderr)
+        raise typer.Exit(1)
     count = replay_flow(destination=destination, endpoint=endpoint, reason_prefix=reason_prefix, filtered=filtered,
                         **window)
     print(f"replay: {count} message(s) are pending again")

@@ -257,6 +257,42 @@ def test_endpoint_commands_show_and_switch_a_destinations_endpoints(prefect_harn
     assert run("enable", "cli-endpoints").stdout.strip() == "enabled endpoint(s) [2] of cli-endpoints"
 
 
+MISSING_BLOCK_COMMANDS = [("endpoint", "list"), ("endpoint", "enable"), ("endpoint", "disable", "--position", "1"),
+                          ("replay",), ("rotate-secret", "--generate")]
+
+
+@pytest.mark.parametrize("command", MISSING_BLOCK_COMMANDS, ids=lambda command: " ".join(command[:2]))
+def test_a_missing_destination_is_one_line_and_exit_code_1_before_anything_runs(
+        prefect_harness: None, store_url: str, command: tuple[str, ...]) -> None:
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+    with get_client(sync_client=True) as client:
+        runs_before = len(client.read_flow_runs())
+    name, *options = command
+    args = [name, *options[:1], "no-such-dest", *options[1:]] if name == "endpoint" else [name, "no-such-dest",
+                                                                                           *options]
+    done = subprocess.run([_script(), *args], capture_output=True, text=True, timeout=120, env=env)
+    said = " ".join(args[:2] if name == "endpoint" else args[:1])
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == f"{said}: no WebhookDestination block named 'no-such-dest' is saved"
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    with get_client(sync_client=True) as client:
+        assert len(client.read_flow_runs()) == runs_before
+
+
+def test_replay_of_an_endpoint_no_destination_has_is_refused(prefect_harness: None, store_url: str) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+    done = subprocess.run([_script(), "replay", "--endpoint", "https://nowhere.example.com/in?token=t0k3n"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1] == (
+        "replay: no saved WebhookDestination has an endpoint at https://nowhere.example.com/in")
+
+
 def test_replay_needs_a_destination_or_an_endpoint() -> None:
     def error(*args: str) -> str:
         done = subprocess.run([_script(), "replay", *args], capture_output=True, text=True, timeout=60)

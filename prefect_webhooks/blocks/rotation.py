@@ -101,7 +101,7 @@ def rotate_destination_secret(
         block = WebhookDestination.load(name, _sync=True)
     except Exception as exc:
         if is_missing_block(exc):
-            raise ValueError(f"no WebhookDestination block named {name!r}") from None
+            raise ValueError(f"no WebhookDestination block named {name!r} is saved") from None
         raise
     secret = block.rotate_secret(new_secret, window=window, force=force, _sync=True)
     return RotationOutcome(

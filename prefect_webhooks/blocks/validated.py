@@ -4,8 +4,9 @@ A pydantic model checks its fields when it is built, but not when a field is ass
 ``model_copy(update=...)``; Prefect's ``load`` of a stored block that does not validate names no field. So a block
 edited in code could be saved broken and only fail later, far from the edit. ``ValidatedBlock`` closes each way:
 
+- a keyword that is not a field (``batchsize=10``) is an error instead of a silent extra attribute;
 - assignment is validated (``validate_assignment``; the block's model validators run again), and assigning a name
-  that is not a field is an error instead of a silent extra attribute;
+  that is not a field is an error too;
 - ``model_copy(update=...)`` validates the copy;
 - ``save`` validates the whole block again, so a change made in place (a list appended to, a nested model's field
   set; nested models validate their own assignments too) cannot be stored;
@@ -20,6 +21,7 @@ left out of ``InvalidBlockError``).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from prefect.blocks.core import Block
@@ -27,6 +29,7 @@ from pydantic import ConfigDict, ValidationError
 
 _VALUE_LENGTH = 80
 BlockT = TypeVar("BlockT", bound="ValidatedBlock")
+_LOADING: ContextVar[bool] = ContextVar("prefect_webhooks_block_loading", default=False)
 
 
 def part_config(**options: Any) -> ConfigDict:
@@ -76,6 +79,18 @@ class ValidatedBlock(Block):
         """Top-level fields whose values are never shown in an error (from the block's schema)."""
         return frozenset(path.split(".", 1)[0] for path in cls.model_json_schema().get("secret_fields", []))
 
+    def __init__(self, *args: Any, **data: Any) -> None:
+        # Block keeps unknown keyword arguments as extras: a misspelt field (``batchsize=10``) would be stored and
+        # do nothing. A saved document is not checked here, so one holding a field a later release dropped still
+        # loads.
+        unknown = [] if _LOADING.get() else [name for name in data if not name.startswith("_")
+                                             and name != "block_type_slug" and name not in type(self).model_fields]
+        if unknown:
+            fields = ", ".join(type(self).model_fields)
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(map(repr, unknown))} "
+                            f"(its fields: {fields})")
+        super().__init__(*args, **data)
+
     def __setattr__(self, name: str, value: Any) -> None:
         # Block allows extra attributes; an assigned typo (``filter`` for ``filters``) would otherwise do nothing.
         if not name.startswith("_") and name not in type(self).model_fields:
@@ -114,6 +129,7 @@ class ValidatedBlock(Block):
 
     @classmethod
     def _load_from_block_document(cls: type[BlockT], block_document: Any, validate: bool = True) -> BlockT:
+        loading = _LOADING.set(True)
         try:
             return super()._load_from_block_document(block_document, validate=validate)  # type: ignore[misc]
         except RuntimeError as exc:
@@ -122,3 +138,5 @@ class ValidatedBlock(Block):
                 problems = describe_problems(exc.__cause__, cls.secret_field_names())
                 raise InvalidBlockError(cls.get_block_type_slug(), block_document.name, problems) from None
             raise
+        finally:
+            _LOADING.reset(loading)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from prefect_webhooks.commands.named_blocks import named_block
 from prefect_webhooks.utilities.prefect_api import exit_without_prefect_api
 
 endpoint_app = typer.Typer(help="A destination's endpoints: limits and health, enable and disable.",
@@ -25,7 +26,8 @@ def endpoint_list(destination: Annotated[str, typer.Argument(help="Name of the W
     from prefect_webhooks.utilities.tables import table_text
 
     exit_without_prefect_api("endpoint list")
-    views = asyncio.run(endpoint_views(destination))
+    with named_block("endpoint list", "WebhookDestination", destination):
+        views = asyncio.run(endpoint_views(destination))
     print(table_text(["#", "url", "rate limit", "state", "failures", "failing since", "last error"], [
         (view.position, view.url, view.rate_limit, view.state, view.failures,
          f"{view.failing_since:%Y-%m-%d %H:%M:%S}" if view.failing_since else "", view.last_error or "")
@@ -47,7 +49,8 @@ def endpoint_enable(
 
     exit_without_prefect_api("endpoint enable")
     try:
-        enabled, replayed = asyncio.run(aenable(destination, position, replay_failed))
+        with named_block("endpoint enable", "WebhookDestination", destination):
+            enabled, replayed = asyncio.run(aenable(destination, position, replay_failed))
     except ValueError as exc:
         print(f"endpoint enable: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
@@ -69,7 +72,8 @@ def endpoint_disable(
         raise typer.BadParameter("give at least one --position")
     exit_without_prefect_api("endpoint disable")
     try:
-        disabled = asyncio.run(adisable(destination, position))
+        with named_block("endpoint disable", "WebhookDestination", destination):
+            disabled = asyncio.run(adisable(destination, position))
     except ValueError as exc:
         print(f"endpoint disable: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None

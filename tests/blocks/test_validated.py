@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from prefect import get_client
-from prefect.client.schemas.actions import BlockDocumentCreate
+from prefect.client.schemas.actions import BlockDocumentCreate, BlockDocumentUpdate
 from prefect.settings import PREFECT_API_URL
 from pydantic import SecretStr, ValidationError
 
@@ -49,6 +49,22 @@ def test_assigning_a_name_that_is_not_a_field_is_refused() -> None:
     block = destination()
     with pytest.raises(AttributeError, match="no field 'filter'.*filters"):
         block.filter = [GOOD_RULE]  # type: ignore[attr-defined]
+
+
+def test_a_keyword_that_is_not_a_field_is_refused_on_every_block() -> None:
+    with pytest.raises(TypeError, match="WebhookDestination has no field 'batchsize' .*batch_size"):
+        destination(batchsize=10)
+    with pytest.raises(TypeError, match="Source has no field 'writekey'"):
+        Source(writekey="k", destinations=["d"])
+
+
+def test_a_saved_document_with_a_field_no_longer_known_still_loads(prefect_harness: None) -> None:
+    saved = name()
+    destination().save(saved)
+    with get_client(sync_client=True) as client:
+        document = client.read_block_document_by_name(saved, "webhook-destination")
+        client.update_block_document(document.id, BlockDocumentUpdate(data={**document.data, "retired_field": 1}))
+    assert WebhookDestination.load(saved).batch_size == destination().batch_size
 
 
 def test_an_assignment_that_breaks_a_rule_across_fields_is_refused() -> None:

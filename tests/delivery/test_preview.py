@@ -73,4 +73,4 @@ def test_preview_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureF
     assert "item 1 is not an outbound message" in capsys.readouterr().err
     (tmp_path / "ok.json").write_text(json.dumps(MESSAGE))
     assert main(["preview", f"missing-{uuid.uuid4().hex[:8]}", "--message", str(tmp_path / "ok.json")]) == 1
-    assert "no such block" in capsys.readouterr().err
+    assert "no WebhookDestination block named 'missing-" in capsys.readouterr().err

@@ -282,6 +282,20 @@ def test_a_missing_destination_is_one_line_and_exit_code_1_before_anything_runs(
         assert len(client.read_flow_runs()) == runs_before
 
 
+def test_replay_prints_its_result_alone_on_stdout_and_logs_on_stderr(prefect_harness: None, store_url: str) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_webhooks.blocks.destination import WebhookDestination
+
+    WebhookDestination(endpoints=[{"url": "https://a.example.com/in"}]).save("cli-replay", overwrite=True)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+    done = subprocess.run([_script(), "replay", "cli-replay", "--since", "1h"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "replay: 0 message(s) are pending again\n"
+    assert "Finished in state Completed" in done.stderr
+
+
 def test_replay_of_an_endpoint_no_destination_has_is_refused(prefect_harness: None, store_url: str) -> None:
     from prefect.settings import PREFECT_API_URL
 

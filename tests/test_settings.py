@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from prefect_webhooks.settings import WebhooksSettings, get_settings
@@ -46,3 +48,10 @@ def test_no_setting_name_is_in_two_groups_and_the_settings_page_lists_each_one()
     assert missing == []
     for group, _ in grouped_fields():
         assert f"**{group}** (`get_settings().{group}`)" in SETTINGS_PAGE
+
+
+def test_the_receivers_guide_gives_the_claim_size_the_settings_have() -> None:
+    from prefect_webhooks.settings import DeliverySettings
+
+    said = re.search(r"`PREFECT_WEBHOOKS_CLAIM_BATCH_SIZE`, (\d+) by default", page("guides/receivers.md"))
+    assert said and int(said.group(1)) == DeliverySettings.model_fields["claim_batch_size"].default

@@ -21,6 +21,8 @@ class DisabledEndpoint(BaseModel):
     position: int = Field(ge=1, description="Which endpoint: 1 is the first of the destination's endpoints.")
     disabled_at: datetime = Field(description="When it was disabled.")
     reason: str = Field(default="", description="Why it was disabled (no URL, header or secret).")
+    failing_since: datetime | None = Field(
+        default=None, description="When its run of failures began, for an endpoint disabled by the delivery engine.")
 
 
 def disabled_positions(entries: list[DisabledEndpoint]) -> set[int]:

@@ -20,7 +20,8 @@ def _positions_of(block: WebhookDestination, url: str | None) -> list[int]:
     return [position for position, endpoint in enumerate(block.endpoints, start=1) if url in (None, endpoint.url)]
 
 
-async def adisable_endpoint(name: str, url: str, reason: str, at: datetime | None = None) -> int | None:
+async def adisable_endpoint(name: str, url: str, reason: str, at: datetime | None = None,
+                            failing_since: datetime | None = None) -> int | None:
     """Add the endpoint with ``url`` to the block's disabled endpoints and save it.
 
     Returns:
@@ -32,8 +33,11 @@ async def adisable_endpoint(name: str, url: str, reason: str, at: datetime | Non
     if not positions:
         return None
     at = at or datetime.now(timezone.utc)
+    if failing_since is not None and failing_since.tzinfo is None:
+        failing_since = failing_since.replace(tzinfo=timezone.utc)  # the store's times are naive UTC
     block.disabled_endpoints = [*block.disabled_endpoints,
-                                *(DisabledEndpoint(position=p, disabled_at=at, reason=reason) for p in positions)]
+                                *(DisabledEndpoint(position=p, disabled_at=at, reason=reason,
+                                                   failing_since=failing_since) for p in positions)]
     await save_block(block, name, overwrite=True)
     return positions[0]
 

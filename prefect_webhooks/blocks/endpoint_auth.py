@@ -20,8 +20,11 @@ _PEM_BEGIN = "-----BEGIN "
 def check_url(url: str) -> str:
     """A full ``http``/``https`` URL with a host, or ``ValueError`` saying what is missing."""
     parts = urlsplit(url.strip())
+    if "://" not in url:
+        # "127.0.0.1:9000/h" parses as a scheme-less path (or as scheme "127.0.0.1"): say what to add.
+        raise ValueError("URL needs http:// or https:// in front (for example https://hooks.example.com/in)")
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"URL must start with http:// or https://, got scheme {parts.scheme or 'none'!r}")
+        raise ValueError("URL must start with http:// or https:// (no other scheme is delivered to)")
     if not parts.hostname:
         raise ValueError("URL has no host")
     return url.strip()

@@ -41,8 +41,11 @@ async def endpoint_views(name: str) -> list[EndpointView]:
         limit = f"{endpoint.rate_limit:g}/s (burst {endpoint.rate_limit_burst})" if endpoint.rate_limit else "none"
         entry = disabled.get(position)
         state = f"disabled {entry.disabled_at:%Y-%m-%d %H:%M} UTC" if entry else "enabled"
+        # Disabling ends the store's failure run (the batch already claimed may start another): for a disabled
+        # endpoint, the run that disabled it is the one to show, and the block keeps when it began.
+        failing_since = (entry.failing_since if entry else None) or (row.failing_since if row else None)
         views.append(EndpointView(position, display_url(endpoint.url), limit, state, row.failures if row else 0,
-                                  row.failing_since if row else None, row.last_error if row else None))
+                                  failing_since, row.last_error if row else None))
     return views
 
 

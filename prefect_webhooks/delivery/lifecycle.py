@@ -116,7 +116,8 @@ async def _act_on(transition: Transition, destination: ResolvedDestination, cont
     if transition.kind == DISABLED:
         reason = f"failing since {transition.failing_since:%Y-%m-%d %H:%M:%S} UTC: {transition.last_error}"
         try:
-            position = await adisable_endpoint(destination.name, endpoint.url, reason)
+            position = await adisable_endpoint(destination.name, endpoint.url, reason,
+                                               failing_since=transition.failing_since)
         except Exception as exc:
             # The failure run goes on as if nothing happened: the next failure tries again.
             await store_call(context.settings, undo_disable, context.engine, destination.name, transition.key,

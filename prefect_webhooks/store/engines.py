@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import SQLModel, create_engine
 
 from prefect_webhooks.settings import get_settings, store_location
+from prefect_webhooks.store.file_modes import prepare_store_file
 from prefect_webhooks.store.tables import OutboxMessage, StoreIdentity, dialect_insert
 from prefect_webhooks.store.upgrades import upgrade_store
 
@@ -90,7 +91,7 @@ def _make_engine(url: str, *, create: bool = True) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if create and path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            prepare_store_file(Path(path))
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _tune_sqlite)
     else:

@@ -53,7 +53,9 @@ def test_endpoints_are_required() -> None:
 
 @pytest.mark.parametrize(
     ("url", "says"),
-    [("hooks.example.com/in", "http:// or https://"), ("ftp://hooks.example.com/in", "http:// or https://"),
+    [("hooks.example.com/in", "URL needs http:// or https:// in front"),
+     ("127.0.0.1:9000/h", "URL needs http:// or https:// in front (for example https://hooks.example.com/in)"),
+     ("ftp://hooks.example.com/in", "URL must start with http:// or https://"),
      ("https:///in", "no host"), ("http://", "no host"), ("", "http:// or https://")],
 )
 def test_a_url_without_scheme_or_host_fails_naming_the_field(url: str, says: str) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy import select, update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
+from prefect_webhooks.delivery.endpoint_admin import endpoint_views
 from prefect_webhooks.delivery.events import (
     DELIVERY_EXHAUSTED,
     ENDPOINT_DISABLED,
@@ -141,6 +142,11 @@ async def test_disable_events_automations_and_enable_again(fast_failures: str, t
             block = await WebhookDestination.load(name)
             (entry,) = block.disabled_endpoints
             assert entry.position == 1 and "HTTP 503" in entry.reason
+            # ``endpoint list`` still says since when it was failing once the store's failure run ended.
+            assert entry.failing_since is not None
+            (view, *_) = await endpoint_views(name)
+            assert view.state.startswith("disabled") and view.failing_since == entry.failing_since
+            assert (entry.disabled_at - entry.failing_since).total_seconds() >= 0
             # Once the endpoint was disabled, a message is sent to it at most once more: the batch that was already
             # claimed (waiting for a request slot) when the disable was saved may still send; no later claim does.
             # Checked from the attempt records, whose time is taken as a request is sent (the clock of

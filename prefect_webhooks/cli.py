@@ -25,6 +25,8 @@ from prefect_webhooks.utilities.prefect_api import exit_without_prefect_api
 
 # Only light modules at the top: `prefect-webhooks serve` starts its delivery workers before anything heavy is read.
 DEMO_TIMEOUT_SECONDS = 170.0
+# How long `status` waits for the Prefect API to check the saved destinations.
+STATUS_API_WAIT_SECONDS = 5.0
 
 app = typer.Typer(
     name="prefect-webhooks",
@@ -177,6 +179,27 @@ def status(
         print(prometheus_text(snapshot), end="")
     else:
         print(status_table(snapshot))
+    _warn_about_saved_destinations()
+
+
+def _warn_about_saved_destinations() -> None:
+    """``status``'s warnings about saved destinations (a short shared secret), on standard error, when a Prefect API
+    is set; status itself reads only the store, so an API that does not answer is said and skipped."""
+    import asyncio
+
+    from prefect_webhooks.blocks.secret_length import saved_short_secret_warnings
+    from prefect_webhooks.utilities.prefect_api import prefect_api_url
+
+    if not prefect_api_url():
+        return
+    try:
+        warnings = asyncio.run(asyncio.wait_for(saved_short_secret_warnings(), STATUS_API_WAIT_SECONDS))
+    except Exception as exc:
+        print(f"status: destinations not checked (the Prefect API did not answer: {type(exc).__name__})",
+              file=sys.stderr)
+        return
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 @app.command()

@@ -66,6 +66,12 @@ class DeliverySettings(_SettingsGroup):
         description="Seconds after a message's first attempt after which it is no longer attempted.",
     )
     retry_base_delay: float = Field(default=5.0, gt=0, description="First retry delay in seconds.")
+    min_secret_length: int = Field(
+        default=0,
+        ge=0,
+        description="Shortest shared secret a destination accepts; 0 accepts any non-empty secret, as Segment's "
+        "Webhooks destination does (one under 16 characters is accepted with a warning).",
+    )
     retry_max_delay: float = Field(default=1800.0, gt=0, description="Largest retry delay in seconds.")
     task_retries: int = Field(
         default=2, ge=0, description="Retries of a delivery batch inside one flow run (Prefect task retries)."

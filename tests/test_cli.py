@@ -189,6 +189,21 @@ def test_status_never_creates_a_store_and_names_the_one_it_reads(tmp_path: Path)
     assert f"store: {tmp_path / 'store' / 'webhooks.db'}" in as_json.stderr
 
 
+def test_status_warns_of_a_saved_destination_with_a_short_secret(prefect_harness: None, store_url: str) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_webhooks.blocks.destination import WebhookDestination
+
+    WebhookDestination(endpoints=[{"url": "https://a.example.com/in"}], shared_secret="short1").save(
+        "cli-short-secret", overwrite=True)
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+    done = subprocess.run([_script(), "status"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert ("warning: destination 'cli-short-secret': its shared secret has 6 characters, fewer than the 16 "
+            "recommended") in done.stderr
+    assert "short1" not in done.stdout + done.stderr
+
+
 def test_status_shows_a_database_url_without_its_password(tmp_path: Path) -> None:
     url = "postgresql://webhooks:pa55word@127.0.0.1:1/nowhere"
     done = subprocess.run([_script(), "status"], env=_newcomer_env(tmp_path, PREFECT_WEBHOOKS_DATABASE_URL=url),

@@ -3,6 +3,7 @@ are checked in ``webhook_endpoint``)."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -21,6 +22,7 @@ from prefect_webhooks.blocks.disabled import DisabledEndpoint, check_disabled_en
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.filter_rules import FilterRule, check_rules
 from prefect_webhooks.blocks.saved import revealed, save_block
+from prefect_webhooks.blocks.secret_length import check_secret_length, short_secret_warning
 from prefect_webhooks.blocks.validated import ValidatedBlock
 from prefect_webhooks.signing.signatures import decode_secret, generate_secret
 
@@ -33,9 +35,7 @@ DOCS_URL = "https://github.com/prefect-webhooks/prefect-webhooks#readme"
 
 # How long a rotated-out secret stays valid by default (as Svix keeps an old endpoint secret).
 DEFAULT_ROTATION_WINDOW = timedelta(hours=24)
-# The shortest shared secret accepted: 16 characters (128 bits when random). A generated one (``generate_secret``) is
-# ``whsec_`` + base64 of 32 random bytes, 50 characters.
-MIN_SECRET_LENGTH = 16
+logger = logging.getLogger("prefect_webhooks.blocks")
 
 
 class RotationInProgress(ValueError):
@@ -109,10 +109,11 @@ class WebhookDestination(ValidatedBlock):
         description=(
             "When set, each request carries X-Signature: the hex HMAC-SHA1 of the body keyed by it. With Standard "
             "Webhooks on it also keys webhook-signature and must be whsec_ followed by base64 of 24 to 64 bytes. "
-            "At least 16 characters."
+            "Any non-empty secret is accepted; under 16 characters it is saved with a warning (a secret moved from "
+            "Segment keeps working), and generate_secret() makes a strong one."
         ),
         # Checked in Python by _long_enough (a message that names the rule); here for the UI form.
-        json_schema_extra={"minLength": MIN_SECRET_LENGTH},
+        json_schema_extra={"minLength": 1},
     )
     standard_webhooks: bool = Field(
         default=False,
@@ -182,9 +183,8 @@ class WebhookDestination(ValidatedBlock):
     @field_validator("shared_secret")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < MIN_SECRET_LENGTH:
-            raise ValueError(f"a shared secret has at least {MIN_SECRET_LENGTH} characters, this one "
-                             f"{len(value.get_secret_value())} (WebhookDestination.generate_secret() makes one)")
+        if value is not None:
+            check_secret_length(value.get_secret_value())
         return value
 
     @field_validator("previous_secret_expires_at")
@@ -275,9 +275,10 @@ class WebhookDestination(ValidatedBlock):
         if isinstance(new_secret, SecretStr):
             new_secret = new_secret.get_secret_value()
         new_secret = generate_secret() if new_secret is None else new_secret
-        if len(new_secret) < MIN_SECRET_LENGTH:
-            raise ValueError(f"new_secret: a shared secret has at least {MIN_SECRET_LENGTH} characters, this one "
-                             f"{len(new_secret)}")
+        try:
+            check_secret_length(new_secret)
+        except ValueError as exc:
+            raise ValueError(f"new_secret: {exc}") from None
         window = window if isinstance(window, timedelta) else timedelta(seconds=window)
         if window < timedelta(0):
             raise ValueError("window: must not be negative")
@@ -317,6 +318,23 @@ class WebhookDestination(ValidatedBlock):
         self._adopt(rotated)
         assert rotated.shared_secret is not None
         return rotated.shared_secret
+
+    # Every save goes through ``_save`` (async, every Prefect 3 release) or ``_save_sync`` (sync, later releases):
+    # where a short secret is pointed out, once it is stored.
+    async def _save(self, *args: Any, **kwargs: Any) -> Any:
+        document_id = await super()._save(*args, **kwargs)
+        self._warn_if_short_secret(kwargs.get("name") or (args[0] if args else None))
+        return document_id
+
+    def _save_sync(self, *args: Any, **kwargs: Any) -> Any:
+        document_id = super()._save_sync(*args, **kwargs)  # type: ignore[misc]
+        self._warn_if_short_secret(kwargs.get("name") or (args[0] if args else None))
+        return document_id
+
+    def _warn_if_short_secret(self, name: str | None) -> None:
+        warning = short_secret_warning(name or self._block_document_name or "(unnamed)", self.secret())
+        if warning:
+            logger.warning(warning)
 
     @async_dispatch(arotate_secret)
     def rotate_secret(

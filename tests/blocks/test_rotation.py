@@ -263,7 +263,8 @@ def test_the_rotate_secret_command_says_what_this_destination_signs_and_names_it
     # As a user runs it: the installed command, in its own process, against the Prefect server.
     name = cli_destination()
     script = str(Path(sys.executable).parent / "prefect-webhooks")
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHORT": "abc", "OTHER": "another-new-secret"}
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "SHORT": "abc", "OTHER": "another-new-secret",
+           "PREFECT_WEBHOOKS_MIN_SECRET_LENGTH": "16"}
 
     def rotate(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([script, "rotate-secret", name, *args], env=env, capture_output=True, text=True,
@@ -278,7 +279,8 @@ def test_the_rotate_secret_command_says_what_this_destination_signs_and_names_it
     assert second.returncode == 1 and "add --force to drop the older secret now" in second.stderr
     assert "force=True" not in second.stderr
     short = rotate("--from-env", "SHORT", "--force")
-    assert short.returncode == 1 and "at least 16 characters, this one 3" in short.stderr
+    assert short.returncode == 1
+    assert "at least 16 characters here (PREFECT_WEBHOOKS_MIN_SECRET_LENGTH), this one 3" in short.stderr
     assert rotate("--from-env", "OTHER", "--force").returncode == 0
     assert WebhookDestination.load(name).secret() == "another-new-secret"
 

@@ -3,6 +3,7 @@ an error that names the field and its value (never a secret's)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -17,8 +18,9 @@ from prefect.settings import PREFECT_API_URL
 from pydantic import SecretStr, ValidationError
 
 from prefect_webhooks.blocks import InvalidBlockError, Source, WebhookDestination
-from prefect_webhooks.blocks.destination import MIN_SECRET_LENGTH
+from prefect_webhooks.blocks.secret_length import RECOMMENDED_SECRET_LENGTH
 from prefect_webhooks.delivery.destinations import DestinationCache, InvalidDestination
+from prefect_webhooks.settings import get_settings
 
 TYPO_RULE = {"name": "paid", "action": "allow", "conditions": [{"field": "propertes.plan", "in": ["pro"]}]}
 GOOD_RULE = {"name": "paid", "action": "allow", "conditions": [{"field": "properties.plan", "in": ["pro"]}]}
@@ -87,9 +89,13 @@ def test_model_copy_with_an_update_is_validated_and_keeps_the_saved_name(prefect
 
 
 @pytest.mark.parametrize("change", ["constructor", "assignment", "model_copy", "rotate_secret"])
-def test_a_short_shared_secret_is_refused_by_every_way_of_setting_it(prefect_harness: None, change: str) -> None:
+def test_a_secret_under_the_minimum_a_user_sets_is_refused_by_every_way_of_setting_it(
+        prefect_harness: None, change: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_MIN_SECRET_LENGTH", "16")
+    get_settings.cache_clear()
     short = "abc"
-    with pytest.raises(ValueError, match=f"at least {MIN_SECRET_LENGTH} characters, this one 3") as caught:
+    with pytest.raises(ValueError, match="at least 16 characters here .PREFECT_WEBHOOKS_MIN_SECRET_LENGTH., this "
+                                         "one 3") as caught:
         if change == "constructor":
             destination(shared_secret=short)
         elif change == "assignment":
@@ -101,6 +107,30 @@ def test_a_short_shared_secret_is_refused_by_every_way_of_setting_it(prefect_har
             destination(shared_secret="a-long-enough-secret").save(block_name)
             WebhookDestination.load(block_name).rotate_secret(short)
     assert short not in str(caught.value).replace("this one 3", "")
+    get_settings.cache_clear()
+
+
+def test_any_non_empty_secret_is_accepted_by_default_and_an_empty_one_is_refused() -> None:
+    for length in (1, 8, 14, 16):
+        assert destination(shared_secret="k" * length).secret() == "k" * length
+    with pytest.raises(ValidationError, match="shared_secret\n.*a shared secret is not empty; leave it unset"):
+        destination(shared_secret="")
+    described = WebhookDestination.model_json_schema()["properties"]["shared_secret"]["description"]
+    assert "Any non-empty secret is accepted; under 16 characters it is saved with a warning" in described
+
+
+def test_saving_a_short_secret_warns_once_with_its_length_never_its_value(
+        prefect_harness: None, caplog: pytest.LogCaptureFixture) -> None:
+    block_name = name()
+    with caplog.at_level(logging.WARNING, logger="prefect_webhooks.blocks"):
+        destination(shared_secret="migr8ed!").save(block_name)
+        destination(shared_secret="migr8ed!").save(block_name, overwrite=True)
+        destination(shared_secret="a-long-enough-secret").save(name())
+    warnings = [record.getMessage() for record in caplog.records if record.name == "prefect_webhooks.blocks"]
+    assert warnings == [f"destination {block_name!r}: its shared secret has 8 characters, fewer than the 16 "
+                        "recommended (accepted, as Segment accepts it; WebhookDestination.generate_secret() makes a "
+                        "strong one)"] * 2
+    assert not any("migr8ed!" in warning for warning in warnings)
 
 
 def test_generate_secret_and_rotate_secret_return_one_type(prefect_harness: None) -> None:
@@ -109,7 +139,7 @@ def test_generate_secret_and_rotate_secret_return_one_type(prefect_harness: None
     destination(shared_secret=generated).save(block_name)
     rotated = WebhookDestination.load(block_name).rotate_secret()
     assert type(generated) is type(rotated) is SecretStr
-    assert len(generated.get_secret_value()) >= MIN_SECRET_LENGTH
+    assert len(generated.get_secret_value()) >= RECOMMENDED_SECRET_LENGTH
 
 
 def save_raw(block_type: type[WebhookDestination] | type[Source], block_name: str, data: dict[str, Any]) -> None:
@@ -177,7 +207,7 @@ def test_the_ui_form_refuses_what_the_schema_can_express(prefect_harness: None) 
     assert ui_form_errors(good) == []
     for field, bad, says in [
         ("filters", [TYPO_RULE], "does not match"),
-        ("shared_secret", "abc", "is too short"),
+        ("shared_secret", "", "should be non-empty"),
         ("endpoints", [{"url": "ftp://hooks.example.com/in"}], "does not match"),
         ("endpoints", [], "should be non-empty"),
     ]:

@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import hmac
+import subprocess
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -125,6 +126,19 @@ async def test_with_a_shared_secret_x_signature_is_unchanged(fast: str) -> None:
     assert set(request.headers) == TRANSPORT_HEADERS | {"User-Agent", "Content-Type", "X-Signature",
                                                         "Idempotency-Key"}
     assert request.headers["X-Signature"] == hmac.new(b"plain-s3cret-0001", request.body, hashlib.sha1).hexdigest()
+
+
+@pytest.mark.parametrize("secret", ["k", "s3cr3t!x", "migrated-00014"], ids=lambda secret: f"{len(secret)} characters")
+async def test_a_short_secret_moved_from_segment_signs_exactly_as_openssl_does(fast: str, secret: str) -> None:
+    name = block_name()
+    with Receiver() as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}], shared_secret=secret).save(name)
+        enqueue(name, [track(1)])
+        await deliver_due()
+    (request,) = receiver.requests
+    openssl = subprocess.run(["openssl", "dgst", "-sha1", "-hmac", secret], input=request.body, capture_output=True,
+                             check=True, timeout=30)
+    assert request.headers["X-Signature"] == openssl.stdout.decode().split()[-1]
 
 
 async def test_the_message_id_is_stable_across_retries_urls_and_replays(fast: str) -> None:

@@ -102,7 +102,7 @@ async def record_run(stats: DeliveryStats) -> bool:
                                  "answers again")
     else:
         get_run_logger().warning("the Prefect API cannot be reached: this run's %d artifact(s) are not recorded "
-                                 "(%s)", len(run_artifacts(stats)), stats.summary())
+                                 "(%s)", len(run_artifacts(stats)), stats.in_words())
     return False
 
 
@@ -153,7 +153,7 @@ async def deliver(
     if await record_run(stats):
         await finish_ended_rotations()
     summary = stats.summary()
-    get_run_logger().info("deliver: %s", summary)
+    get_run_logger().info("deliver: %s", stats.in_words())
     return summary
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 
 from prefect_webhooks.blocks.enabling import adisable_endpoint
 from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR
@@ -26,6 +27,8 @@ from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, Failed, OutcomeRecords
 from prefect_webhooks.store.endpoint_states import (
     DISABLED,
+    FAILING,
+    RECOVERED,
     HealthReport,
     Transition,
     needs_recording,
@@ -110,6 +113,10 @@ async def observe_health(
             await _act_on(transition, destination, context)
 
 
+def _clock(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S}" if moment else "an unknown time"
+
+
 async def _act_on(transition: Transition, destination: ResolvedDestination, context: DeliveryContext) -> None:
     endpoint = next(e for e in destination.endpoints if e.key == transition.key)
     position: int | None = endpoint.position
@@ -127,6 +134,13 @@ async def _act_on(transition: Transition, destination: ResolvedDestination, cont
             return
         context.destinations.forget(destination.name)
         logger.error("endpoint %s of destination %s is disabled: %s", position, destination.name, reason)
+    elif transition.kind == FAILING:
+        logger.warning("endpoint %s (%s) of destination %s is failing: %d attempt(s) in a row failed since %s UTC, "
+                       "the last with %s", position, display_url(transition.url), destination.name,
+                       transition.failures, _clock(transition.failing_since), transition.last_error)
+    elif transition.kind == RECOVERED:
+        logger.info("endpoint %s (%s) of destination %s answers again (it was failing since %s UTC)", position,
+                    display_url(transition.url), destination.name, _clock(transition.failing_since))
     in_background(emit_endpoint_event, transition.kind, destination.name, transition.key, transition.url,
                   position=position, failures=transition.failures, failing_since=transition.failing_since,
                   last_error=transition.last_error)

@@ -98,5 +98,20 @@ class DeliveryStats(MessageCounts):
             stats.latencies_ms.append(result.latency_ms)
 
     def summary(self) -> dict[str, int]:
-        """Message counts for logs and flow results."""
+        """Message counts for flow results."""
         return {**self.counts(), "batches": self.batches}
+
+    def in_words(self) -> str:
+        """The counts as a person reads them in a log line."""
+        return summary_in_words(self.summary())
+
+
+def summary_in_words(summary: dict[str, int]) -> str:
+    """``{'delivered': 3, 'failed': 0, 'rescheduled': 8, 'filtered': 0, 'batches': 2}`` as "3 delivered, 8 to be
+    retried, in 2 batches" (counts of 0 left out; nothing at all said as such)."""
+    names = {"delivered": "delivered", "failed": "failed", "rescheduled": "to be retried", "filtered": "filtered"}
+    said = [f"{summary[key]:,} {name}" for key, name in names.items() if summary.get(key)]
+    batches = summary.get("batches", 0)
+    if not said:
+        return "no message due" if not batches else f"nothing sent in {batches:,} batch(es)"
+    return f"{', '.join(said)} in {batches:,} batch{'es' if batches != 1 else ''}"

@@ -347,8 +347,9 @@ async def _main(worker: DeliveryWorker, stop_requested: threading.Event) -> None
 
 def main() -> None:
     """Run the deliver/continuous deployment's runs in this process until SIGTERM/SIGINT."""
-    # Prefect configures logging when imported; this module's lines go to stderr beside the runs' own.
-    log_to_stderr(logger)
+    # Prefect configures logging when imported (its root handler shows warnings only); the package's lines, from
+    # INFO (an endpoint failing and answering again, a paused deployment), go to stderr beside the runs' own.
+    log_to_stderr(logging.getLogger("prefect_webhooks"))
     # A few task runs a second each logging "Finished in state Completed()" to the console and to the Prefect API
     # (one more record for the server to store per task run): their states show in the UI already. Warnings and
     # errors of the batches (timeouts, failures) are still logged.

@@ -43,6 +43,7 @@ from prefect.states import Completed, Crashed
 from prefect_webhooks.blocks.api_status import PrefectApi, PrefectApiUnavailable
 from prefect_webhooks.blocks.local_copy import LocalCopy
 from prefect_webhooks.delivery import DeliveryStats
+from prefect_webhooks.delivery.stats import summary_in_words
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, TAGS
 from prefect_webhooks.flows.deliver import publish_artifacts, run_artifacts
 
@@ -171,7 +172,8 @@ class RunRecords:
         if entry["reason"] and not (flow_run.state and flow_run.state.is_final()):
             summary = entry.get("summary")
             # A run whose flow returned (its batches done) completed; only its report waited for the API.
-            state = (Completed(message=f"deliver: {summary} (reported after the Prefect API came back)") if summary
+            state = (Completed(message=f"deliver: {summary_in_words(summary)} (reported after the Prefect API came "
+                               "back)") if summary
                      else Crashed(message=f"This run crashed: {entry['reason']}."))
             await client.set_flow_run_state(flow_run_id, state, force=True)
             logger.info("deliver run %s set %s: %s", flow_run.name, state.name, entry["reason"])

@@ -5,7 +5,9 @@ back from the server's event API and each ready-made automation in deployments/a
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -109,7 +111,9 @@ def rows(destination: str) -> list[Any]:
 
 
 @pytest.mark.timeout(240)
-async def test_disable_events_automations_and_enable_again(fast_failures: str, tmp_path: Path) -> None:
+async def test_disable_events_automations_and_enable_again(fast_failures: str, tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="prefect_webhooks.delivery")
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL
@@ -185,6 +189,13 @@ async def test_disable_events_automations_and_enable_again(fast_failures: str, t
             assert {row.state for row in rows(name)} == {DELIVERED}
             events = wait_for_events(endpoint_prefix, started, {ENDPOINT_RECOVERED})
             assert ENDPOINT_RECOVERED in {event["event"] for event in events}
+            # What serve's console says of it: the endpoint named with its last error, then its return.
+            said = [record.getMessage() for record in caplog.records if record.name == "prefect_webhooks.delivery"]
+            assert any(re.fullmatch(rf"endpoint 1 \({re.escape(endpoint.url)}\) of destination {name} is failing: "
+                                    r"\d+ attempt\(s\) in a row failed since [\d-]+ [\d:]+ UTC, the last with HTTP 503",
+                                    line) for line in said), said
+            assert any(line.startswith(f"endpoint 1 ({endpoint.url}) of destination {name} answers again (it was "
+                                       "failing since") for line in said), said
 
             # Each shipped automation fired on its event: one notification per endpoint event (two `failing` ones
             # when the endpoint failed twice, see above) and one for the exhausted message.

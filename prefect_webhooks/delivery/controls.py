@@ -24,7 +24,7 @@ async def before_sending(
     """The messages to send now (those of batching destinations included), and when those that took budget go."""
     if not ready:
         return ready, Slots()
-    ready = fail_where_all_disabled(ready, records)
+    ready = await fail_where_all_disabled(ready, records, context)
     await sync_ordered(ready, context)
     ready = await hold_back(ready, context)
     return await admit_ready(ready, context, records)

@@ -83,6 +83,11 @@ def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
                                disabled=tuple(disabled), ordered=block.ordered, disable_after=block.disable_after)
 
 
+# How old a cached block may be for ``DestinationCache.fresh``: a second, so a destination whose every endpoint is
+# disabled is read once a second at most, not once a batch.
+FRESH_SECONDS = 1.0
+
+
 class DestinationCache:
     """Destination blocks by name: each loaded block is used for ``ttl`` seconds, then loaded again.
 
@@ -176,6 +181,21 @@ class DestinationCache:
         self._entries[name] = (float("-inf"), resolved)
         logger.warning("destination block %r taken from the local copy: the Prefect API cannot be reached", name)
         return resolved
+
+    async def fresh(self, name: str) -> ResolvedDestination | None:
+        """The destination as saved now, loaded unless the cache's copy is under ``FRESH_SECONDS`` old; None when it
+        cannot be loaded now (the API away or slow, the block gone). For a decision a stale copy would get wrong."""
+        entry = self._entries.get(name)
+        if entry is not None and time.monotonic() - entry[0] < FRESH_SECONDS:
+            return entry[1]
+        api = prefect_api()
+        loading = self._load_in_background(name, api)
+        if loading is None:
+            return None
+        try:
+            return await api.settle(loading)
+        except Exception:
+            return None
 
     def remember(self, name: str, block: WebhookDestination) -> ResolvedDestination:
         """Use ``block`` for ``name`` without loading it (an unsaved block: benchmarks, embedded use)."""

@@ -42,10 +42,22 @@ logger = logging.getLogger("prefect_webhooks.delivery")
 Ready = tuple[Claimed, ResolvedDestination]
 
 
-def fail_where_all_disabled(ready: list[Ready], records: OutcomeRecords) -> list[Ready]:
-    """Fail the messages of destinations whose every endpoint is disabled; the others go on."""
+async def fail_where_all_disabled(ready: list[Ready], records: OutcomeRecords,
+                                  context: DeliveryContext) -> list[Ready]:
+    """Fail the messages of destinations whose every endpoint is disabled; the others go on.
+
+    Failing is final for a message, so the block is read again first unless this process's copy is a second old or
+    less: a user who just enabled an endpoint (``endpoint enable --replay``) is not answered from a copy taken
+    before the enable.
+    """
+    refreshed: dict[str, ResolvedDestination] = {}
+    for name in {destination.name for _, destination in ready if not destination.endpoints}:
+        fresh = await context.destinations.fresh(name)
+        if fresh is not None:
+            refreshed[name] = fresh
     sendable = []
     for row, destination in ready:
+        destination = refreshed.get(destination.name, destination)
         if destination.endpoints:
             sendable.append((row, destination))
             continue

@@ -211,3 +211,29 @@ async def test_disable_events_automations_and_enable_again(fast_failures: str, t
             async with get_client() as client:
                 for automation in automations:
                     await client.delete_automation(automation)
+
+
+async def test_a_long_lived_process_delivers_what_enable_replay_puts_back(store_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running ``serve`` keeps its copy of a block for a minute: the enable must not be answered from the copy
+    taken before it (79 replayed messages failed again at once as ``disabled``)."""
+    from prefect_webhooks.delivery.destinations import DestinationCache
+    from prefect_webhooks.delivery.endpoint_admin import aenable
+
+    monkeypatch.setenv("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", "60")
+    get_settings.cache_clear()
+    name = f"lc-replay-{uuid.uuid4().hex[:8]}"
+    with Receiver() as endpoint:
+        await WebhookDestination(endpoints=[{"url": endpoint.url}], disabled_endpoints=[
+            {"position": 1, "disabled_at": datetime.now(timezone.utc), "reason": "by hand"}]).save(name)
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender, destinations=DestinationCache())
+            enqueue(name, [{"type": "track", "userId": f"u{n}", "event": "E"} for n in range(20)])
+            await deliver_due(DeliveryOptions(until_empty=True, idle_sleep=0.05), context=context)
+            assert {row.state for row in rows(name)} == {FAILED}
+            time.sleep(1.1)  # the copy is older than a second, younger than its minute
+            enabled, replayed = await aenable(name, None, True)
+            assert (enabled, replayed) == ([1], 20)
+            await deliver_due(DeliveryOptions(until_empty=True, idle_sleep=0.05), context=context)
+    assert {row.state for row in rows(name)} == {DELIVERED}
+    assert len({request.body for request in endpoint.requests}) == 20

@@ -8,6 +8,7 @@ Prefect) are imported inside the command that needs them, so ``--help`` stays fa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -423,8 +424,19 @@ def replay(
     print(f"replay: {count} message(s) are pending again")
 
 
+class _NoDrainProgress(logging.Filter):
+    """Drops Prefect's ``Still processing items: N items remaining...``: logged at exit whenever an event or a log
+    line is still queued when its worker drains (it is sent all the same), it closed every short command that had
+    saved or loaded a block and read as a failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Still processing items")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-webhooks`` console command; returns the exit status."""
+    for worker in ("EventsWorker", "APILogWorker"):
+        logging.getLogger(worker).addFilter(_NoDrainProgress())
     try:
         app(args=list(argv) if argv is not None else None, prog_name="prefect-webhooks")
     except SystemExit as exit_:

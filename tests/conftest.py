@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
+import psutil
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import dispose_engines, get_engine
+from tests.leaked_processes import leaked_processes, mark_session
 from tests.receivers import Receiver
 
 
@@ -26,6 +29,47 @@ def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     os.environ.pop("PREFECT_WEBHOOKS_HOME", None)
     get_settings.cache_clear()
+
+
+def servers_started_by_the_test_server() -> list[psutil.Process]:
+    """The processes the harness's Prefect server (a child of this process) started."""
+    found = []
+    for child in psutil.Process().children():
+        with suppress(psutil.Error):
+            if "prefect.server.api.server:create_app" in " ".join(child.cmdline()):
+                found += child.children(recursive=True)
+    return found
+
+
+def end_processes(processes: list[psutil.Process]) -> None:
+    """SIGTERM each, then SIGKILL what is left after 10 s."""
+    for process in processes:
+        with suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    for process in alive:
+        with suppress(psutil.Error):
+            process.kill()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    mark_session()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run fails when a process it started outlives it (``tests/leaked_processes.py``); pytest's workers leave
+    that to the process that started them."""
+    if hasattr(session.config, "workerinput"):
+        return
+    leaked = leaked_processes()
+    if leaked:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"{len(leaked)} process(es) started by this test session outlived it (killed now):"]
+        lines += [f"  pid {pid}: {command[:300]}" for pid, command in sorted(leaked.items())]
+        if reporter is not None:
+            reporter.write_line("")
+            reporter.write_line("\n".join(lines), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -71,6 +115,10 @@ def prefect_harness() -> Iterator[None]:
     os.environ.setdefault("PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_CANCELLING_TIMEOUT_SECONDS", "10")
     with prefect_test_harness(server_startup_timeout=120):
         yield
+        started_by_server = servers_started_by_the_test_server()
+    # Prefect 3.4.9's test server starts a temporary server of its own while it runs an automation's notification,
+    # and leaves it running when it is stopped: end what it started, as the harness ends the server.
+    end_processes(started_by_server)
 
 
 @pytest.fixture

@@ -13,13 +13,14 @@ from contextlib import contextmanager
 
 import typer
 
-from prefect_webhooks.blocks.saved import is_missing_block
-from prefect_webhooks.blocks.validated import InvalidBlockError
-
 
 @contextmanager
 def named_block(command: str, block_type: str, name: str) -> Iterator[None]:
     """Run the body; a missing or invalid ``block_type`` block ``name`` ends ``command`` with one line on stderr."""
+    # Imported here: the command line starts without Prefect (each command loads what it uses).
+    from prefect_webhooks.blocks.saved import is_missing_block
+    from prefect_webhooks.blocks.validated import InvalidBlockError
+
     try:
         yield
     except InvalidBlockError as exc:

@@ -27,6 +27,8 @@ INTERNAL_STEPS = {
     "prefect_webhooks.blocks.saved.save_block": "async code on every Prefect 3 release (plain code calls Block.save)",
     "prefect_webhooks.blocks.saved.load_block": "async code on every Prefect 3 release (plain code calls Block.load)",
     "prefect_webhooks.delivery.context.store_call": "deliver_due",
+    "prefect_webhooks.blocks.secret_length.saved_short_secret_warnings": "the status command (asyncio.run)",
+    "prefect_webhooks.delivery.lifecycle.fail_where_all_disabled": "process_batch, through before_sending",
     "prefect_webhooks.delivery.batch.process_batch": "deliver_due",
     "prefect_webhooks.delivery.batching.hold_for_batch_wait": "process_batch (a destination with batch_wait)",
     "prefect_webhooks.delivery.batching.send_batched": "process_batch (a destination with batch_size)",

@@ -12,7 +12,6 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +20,7 @@ import typer
 
 from prefect_webhooks.commands.endpoints import endpoint_app
 from prefect_webhooks.commands.named_blocks import named_block
+from prefect_webhooks.commands.replay import replay
 from prefect_webhooks.serving.service import DEFAULT_GRACE_SECONDS
 from prefect_webhooks.utilities.prefect_api import exit_without_prefect_api
 
@@ -366,62 +366,7 @@ def rotate_secret(
     print(describe_rotation(outcome))
 
 
-def _moment(text: str | None, option: str) -> datetime | None:
-    """An ISO 8601 time (naive means UTC), or a duration ago such as ``2h`` or ``7d``."""
-    from prefect_webhooks.utilities.durations import parse_duration
-
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        try:
-            return datetime.now(timezone.utc) - parse_duration(text)
-        except ValueError:
-            raise typer.BadParameter(f"{text!r} is neither an ISO 8601 time nor a duration (2h, 7d)",
-                                     param_hint=option) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
-@app.command()
-def replay(
-    destination: Annotated[str | None, typer.Argument(help="Name of the WebhookDestination block.")] = None,
-    endpoint: Annotated[
-        str | None, typer.Option(help="Every destination with an endpoint at this URL (instead of a destination).")
-    ] = None,
-    since: Annotated[
-        str | None, typer.Option(help="Only messages being attempted at or after this time: ISO 8601, or 2h, 7d ago.")
-    ] = None,
-    until: Annotated[str | None, typer.Option(help="Only messages being attempted before this time.")] = None,
-    reason_prefix: Annotated[
-        str | None, typer.Option(help="Only messages whose reason starts with this: expired, permanent or disabled.")
-    ] = None,
-    filtered: Annotated[
-        bool, typer.Option("--filtered", help="Put back messages a filter rule dropped instead of failed ones.")
-    ] = False,
-) -> None:
-    """Put failed messages back into the outbox with a fresh deadline (the replay flow, with progress in the UI)."""
-    import asyncio
-
-    from prefect_webhooks.blocks.destination import WebhookDestination
-    from prefect_webhooks.blocks.enabling import adestinations_with_url
-    from prefect_webhooks.delivery.sender import display_url
-    from prefect_webhooks.flows.replay import replay as replay_flow
-
-    if destination is None and endpoint is None:
-        raise typer.BadParameter("give a destination or --endpoint URL")
-    window = {"since": _moment(since, "--since"), "until": _moment(until, "--until")}
-    exit_without_prefect_api("replay")
-    # An unknown destination or URL is refused before a run is made: a replay of nothing would look like success.
-    if destination is not None:
-        with named_block("replay", "WebhookDestination", destination):
-            WebhookDestination.load(destination)
-    if endpoint is not None and not asyncio.run(adestinations_with_url(endpoint)):
-        print(f"replay: no saved WebhookDestination has an endpoint at {display_url(endpoint)}", file=sys.stderr)
-        raise typer.Exit(1)
-    count = replay_flow(destination=destination, endpoint=endpoint, reason_prefix=reason_prefix, filtered=filtered,
-                        **window)
-    print(f"replay: {count} message(s) are pending again")
+app.command()(replay)
 
 
 class _NoDrainProgress(logging.Filter):

@@ -1,4 +1,4 @@
-"""Command groups of the ``prefect-webhooks`` command line that ``cli`` mounts under a name of their own.
+"""Command groups and commands of the ``prefect-webhooks`` command line that ``cli`` mounts (``endpoint``, ``replay``).
 
 Takes in a user's command-line arguments and hands them to the stages that do the work (the blocks and the store);
 re-exports nothing: ``prefect_webhooks.cli`` is the command line's entry point.

@@ -4,7 +4,12 @@ A token is fetched from the endpoint's ``token_url`` (grant ``client_credentials
 (the SSRF guard, trust store and timeout apply) and classified like a delivery: a timeout, connection error or 5xx
 is retried, any other answer fails the request for good. It is kept until ``REFRESH_MARGIN`` seconds (or half its
 lifetime, when shorter) before ``expires_in``, or, without ``expires_in``, until an endpoint answers 401; one fetch
-runs at a time per set of credentials. Tokens and secrets never appear in logs, reasons or errors.
+runs at a time per set of credentials. A fetch that failed (a refused client, an unreachable token endpoint) is
+remembered for its credentials: the next fetch waits ``PAUSE_FIRST`` seconds, doubling with each failure in a row up
+to ``PAUSE_MAX``, and meanwhile every request that needs the token ends as that fetch did, with a reason that says
+so, instead of asking again (200 queued messages with a wrong client secret made 200 refused requests, enough for
+an authorization server to lock the client out). Changing the credentials (a new secret saved) starts afresh.
+Tokens and secrets never appear in logs, reasons or errors.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from prefect_webhooks.blocks.endpoint_auth import OAuth2ClientCredentials
 from prefect_webhooks.messages.outcomes import DELIVERED, PERMANENT
 
 REFRESH_MARGIN = 60.0
+PAUSE_FIRST = 5.0
+PAUSE_MAX = 300.0
 # OAuth2 error codes are short snake_case words (RFC 6749 5.2); anything else from the server is not repeated.
 _ERROR_CODE = re.compile(r"[a-z0-9_.\-]{1,64}")
 
@@ -52,6 +59,15 @@ class TokenRequestError(Exception):
 
 
 @dataclass(slots=True)
+class _Refusal:
+    """The last failed fetch of a set of credentials: how it ended and when the next may go."""
+
+    error: TokenRequestError
+    failures: int
+    retry_at: float
+
+
+@dataclass(slots=True)
 class _Token:
     value: str
     refresh_at: float | None
@@ -64,6 +80,7 @@ class TokenCache:
     def __init__(self) -> None:
         self._tokens: dict[tuple[str, ...], _Token] = {}
         self._locks: dict[tuple[str, ...], asyncio.Lock] = {}
+        self._refusals: dict[tuple[str, ...], _Refusal] = {}
         self.fetches = 0
 
     async def get(self, credentials: OAuth2ClientCredentials, post: TokenPost) -> str:
@@ -79,10 +96,28 @@ class TokenCache:
         async with self._locks.setdefault(key, asyncio.Lock()):
             token = self._tokens.get(key)
             if token is None or not _fresh(token):
+                self._check_pause(key)
                 self.fetches += 1
-                token = await _fetch(credentials, post)
+                try:
+                    token = await _fetch(credentials, post)
+                except TokenRequestError as exc:
+                    self._remember(key, exc)
+                    raise
+                self._refusals.pop(key, None)
                 self._tokens[key] = token
             return token.value
+
+    def _check_pause(self, key: tuple[str, ...]) -> None:
+        refusal = self._refusals.get(key)
+        if refusal is not None and time.monotonic() < refusal.retry_at:
+            wait = refusal.retry_at - time.monotonic()
+            raise TokenRequestError(refusal.error.outcome, f"{refusal.error}; token requests paused {wait:.0f} s "
+                                    f"more after {refusal.failures} failure(s) in a row")
+
+    def _remember(self, key: tuple[str, ...], error: TokenRequestError) -> None:
+        failures = self._refusals[key].failures + 1 if key in self._refusals else 1
+        pause = min(PAUSE_FIRST * 2 ** (failures - 1), PAUSE_MAX)
+        self._refusals[key] = _Refusal(error, failures, time.monotonic() + pause)
 
     def discard(self, credentials: OAuth2ClientCredentials, value: str) -> None:
         """Forget ``value`` (an endpoint answered 401 to it), unless a newer token replaced it meanwhile."""

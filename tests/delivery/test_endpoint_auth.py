@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import re
 import ssl
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,10 @@ import trustme
 from aiohttp import web
 
 from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import enqueue
 from tests.delivery.test_delivery import attempts, deliver, outbox, track
 from tests.receivers import Receiver
@@ -147,16 +151,49 @@ async def test_a_refused_client_fails_for_good_and_its_secret_is_never_shown(
     fast: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    enqueue("d", [track(1), track(2)])
+    enqueue("d", [track(n) for n in range(200)])
     with TokenEndpoint() as server, Receiver() as receiver:
         receiver.verifier = server.accepts
         await deliver({"d": oauth2_destination(receiver.url, server.url, client_secret="wrong-secret")})
         assert receiver.requests == []  # nothing was sent without a token
+    # One refused token request for 200 messages, not 200: an authorization server locks out a client that keeps
+    # sending a wrong secret.
+    assert len(server.forms) == 1
     assert {row.state for row in outbox()} == {FAILED}
-    assert outbox()[0].reason == f"permanent: OAuth2 token endpoint {server.url}: HTTP 401 (invalid_client)"
+    refused = f"permanent: OAuth2 token endpoint {server.url}: HTTP 401 (invalid_client)"
+    reasons = Counter("paused" if "; token requests paused" in row.reason else row.reason for row in outbox())
+    assert reasons == {refused: 1, "paused": 199}, reasons
+    assert all(row.reason.startswith(refused) for row in outbox())
     stored = " ".join(f"{row.reason} {row.body!r}" for row in outbox()) + " ".join(
         f"{attempt.error} {attempt.url}" for attempt in attempts())
     assert "wrong-secret" not in caplog.text and "wrong-secret" not in stored
+
+
+async def test_token_requests_resume_after_the_pause_and_a_new_secret_starts_afresh(
+        fast: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_webhooks.delivery import auth
+
+    monkeypatch.setattr(auth, "PAUSE_FIRST", 2.0)
+    with TokenEndpoint() as server, Receiver() as receiver:
+        receiver.verifier = server.accepts
+        wrong = oauth2_destination(receiver.url, server.url, client_secret="wrong-secret")
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender)
+
+            async def send(block: WebhookDestination, n: int) -> str:
+                context.destinations.remember("d", block)
+                enqueue("d", [track(n)])
+                await deliver_due(DeliveryOptions(until_empty=True), context=context)
+                return outbox()[-1].reason or ""
+
+            assert "paused" not in await send(wrong, 1) and len(server.forms) == 1
+            second = await send(wrong, 2)
+            assert re.search(r"; token requests paused [12] s more after 1 failure\(s\) in a row$", second)
+            await asyncio.sleep(2.1)
+            assert "paused" not in await send(wrong, 3) and len(server.forms) == 2  # asked again: refused again
+            assert re.search(r"paused [34] s more after 2 failure\(s\)", await send(wrong, 4))  # the pause doubled
+            await send(oauth2_destination(receiver.url, server.url), 5)  # the secret fixed: asked at once
+    assert len(server.forms) == 3 and outbox()[-1].state == DELIVERED
 
 
 async def test_an_unreachable_token_endpoint_is_retried(fast: str) -> None:

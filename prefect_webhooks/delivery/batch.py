@@ -52,7 +52,11 @@ async def _resolve_all(
     """Pair rows with their destinations; unknown destinations fail, unreachable block storage defers."""
     resolved: dict[str, ResolvedDestination | None] = {}
     unavailable: dict[str, str] = {}
-    for name in {row.destination for row in rows}:
+    names = {row.destination for row in rows}
+    await context.shared.refresh(names)
+    for name in names:
+        # A change another process made (endpoint enable/disable) reaches this one within a second.
+        context.destinations.follow(name, context.shared.generation(name))
         try:
             resolved[name] = await context.destinations.get(name)
         except DestinationNotFound:

@@ -103,6 +103,7 @@ class DestinationCache:
         self._entries: dict[str, tuple[float, ResolvedDestination]] = {}
         self._loading: dict[str, asyncio.Task[ResolvedDestination]] = {}
         self._copied: dict[str, dict[str, Any]] = {}
+        self._generations: dict[str, int | None] = {}
         """What this process last read from or wrote to the local copy, by name (it rewrites only changes)."""
 
     async def get(self, name: str) -> ResolvedDestination:
@@ -203,6 +204,12 @@ class DestinationCache:
         # An explicitly given block stays until forgotten, whatever the TTL (its age, ``now - inf``, is below any TTL).
         self._entries[name] = (float("inf"), resolved)
         return resolved
+
+    def follow(self, name: str, generation: int | None) -> None:
+        """Drop the copy of ``name`` when the store counted a change of its block this cache has not seen."""
+        if name in self._generations and self._generations[name] != generation:
+            self._entries.pop(name, None)
+        self._generations[name] = generation
 
     def forget(self, name: str) -> None:
         """Drop ``name`` from the cache: the next batch loads the block again (after this process saved it)."""

@@ -12,6 +12,7 @@ from prefect_webhooks.blocks.enabling import adisable_positions, aenable_endpoin
 from prefect_webhooks.blocks.saved import load_block
 from prefect_webhooks.delivery.sender import display_url
 from prefect_webhooks.messages.outcomes import DISABLED_REASON
+from prefect_webhooks.store.destination_changes import note_destination_changed
 from prefect_webhooks.store.endpoint_states import read_states, reset_health, url_key
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.replay import replay_failed
@@ -57,6 +58,8 @@ async def aenable(name: str, positions: Sequence[int] | None, replay: bool) -> t
         The positions enabled, and how many messages were put back.
     """
     removed = await aenable_endpoints(name, positions)
+    if removed:
+        note_destination_changed(get_engine(), name)
     block = await load_block(WebhookDestination, name)
     keys = [url_key(block.endpoints[entry.position - 1].url) for entry in removed]
     if keys:
@@ -70,4 +73,7 @@ async def aenable(name: str, positions: Sequence[int] | None, replay: bool) -> t
 
 async def adisable(name: str, positions: Sequence[int]) -> list[int]:
     """Disable endpoints of ``name`` by position (by hand); returns the ones newly disabled."""
-    return await adisable_positions(name, positions, "disabled by hand (prefect-webhooks endpoint disable)")
+    disabled = await adisable_positions(name, positions, "disabled by hand (prefect-webhooks endpoint disable)")
+    if disabled:
+        note_destination_changed(get_engine(), name)
+    return disabled

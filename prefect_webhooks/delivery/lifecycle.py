@@ -25,6 +25,7 @@ from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.events import emit_endpoint_event, in_background
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, Failed, OutcomeRecords
+from prefect_webhooks.store.destination_changes import note_destination_changed
 from prefect_webhooks.store.endpoint_states import (
     DISABLED,
     FAILING,
@@ -145,6 +146,11 @@ async def _act_on(transition: Transition, destination: ResolvedDestination, cont
                          type(exc).__name__)
             return
         context.destinations.forget(destination.name)
+        try:
+            await store_call(context.settings, note_destination_changed, context.engine, destination.name)
+        except Exception as exc:
+            # The other processes then see the disable when their copy of the block ages out.
+            logger.warning("telling the other delivery processes of the disable failed: %s", type(exc).__name__)
         logger.error("endpoint %s of destination %s is disabled: %s", position, destination.name, reason)
     elif transition.kind == FAILING:
         logger.warning("endpoint %s (%s) of destination %s is failing: %d attempt(s) in a row failed since %s UTC, "

@@ -1,6 +1,7 @@
 """What a delivering process last read of the state its peers share in the store, kept for about a second.
 
-Endpoint states (pauses, ramps, limits, failure runs) and the set of ordered destinations change rarely; reading
+Endpoint states (pauses, ramps, limits, failure runs), the set of ordered destinations and the destinations' block
+generations (``store.destination_changes``) change rarely; reading
 them once a second instead of once per batch keeps a healthy endpoint's batches free of extra store queries. A
 process that changes one of them itself marks its copy stale, so its next batch reads the change.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from prefect_webhooks.store.destination_changes import destination_generations
 from prefect_webhooks.store.endpoint_states import read_states
 from prefect_webhooks.store.ordering import ordered_destinations
 
@@ -31,6 +33,7 @@ class SharedState:
         self._states: dict[tuple[str, str], Any] = {}
         self._names: set[str] = set()
         self._ordered: set[str] = set()
+        self._generations: dict[str, int] = {}
         self._read_at = -float("inf")
 
     def mark_stale(self) -> None:
@@ -44,15 +47,21 @@ class SharedState:
             return
         names |= self._names
         try:
-            states, ordered = await asyncio.to_thread(self._read, names)
+            states, ordered, generations = await asyncio.to_thread(self._read, names)
         except Exception as exc:
             # Only a shortcut: rate limits and order are still enforced by the store; pauses are seen a bit later.
             logger.warning("reading endpoint states failed: %s", type(exc).__name__)
             return
         self._states, self._ordered, self._names, self._read_at = states, ordered, names, time.monotonic()
+        self._generations = generations
 
-    def _read(self, names: set[str]) -> tuple[dict[tuple[str, str], Any], set[str]]:
-        return read_states(self.engine, names), ordered_destinations(self.engine)
+    def _read(self, names: set[str]) -> tuple[dict[tuple[str, str], Any], set[str], dict[str, int]]:
+        return (read_states(self.engine, names), ordered_destinations(self.engine),
+                destination_generations(self.engine, names))
+
+    def generation(self, destination: str) -> int | None:
+        """How many changes the store counted for ``destination``'s block (as last read); None: none ever."""
+        return self._generations.get(destination)
 
     def endpoint(self, destination: str, key: str) -> Any | None:
         """The endpoint's row as last read, or None."""

@@ -97,6 +97,16 @@ class OrderedDestination(SQLModel, table=True):
     destination: str = Field(primary_key=True, max_length=255)
 
 
+class DestinationChange(SQLModel, table=True):
+    """How many times a destination's block was changed by a command (enable, disable, a secret rotated) or by
+    delivery (an endpoint disabled): a process whose copy is older reads it again (``store.destination_changes``)."""
+
+    __tablename__ = "destination_changes"
+
+    destination: str = Field(primary_key=True, max_length=255)
+    generation: int = Field(default=0)
+
+
 class StoreIdentity(SQLModel, table=True):
     """One row: a random key naming this store, so message ids stay unique across stores (see ``store_key``)."""
 

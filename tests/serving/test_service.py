@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import httpx
@@ -359,3 +360,56 @@ def test_a_killed_service_takes_its_parts_down(prefect_harness: None, store_url:
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
+
+
+def test_endpoint_disable_and_enable_reach_a_running_serve_at_once(
+    prefect_harness: None, store_url: str, tmp_path: Path
+) -> None:
+    """``serve`` keeps each block for PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS (10 s by default, left so here): the
+    commands must not wait for that."""
+    from prefect.settings import PREFECT_API_URL
+
+    port = free_port()
+    auth = base64.b64encode(b"wk_toggle_test:").decode()
+
+    def send(first: int) -> None:
+        batch = {"batch": [{"type": "track", "userId": f"u{i}", "event": "Toggle", "messageId": f"t-{i}"}
+                           for i in range(first, first + 10)]}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/batch", json=batch,
+                            headers={"Authorization": f"Basic {auth}"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+
+    def wait_for(check: Any, what: str, seconds: float = 8.0) -> None:
+        deadline = time.monotonic() + seconds
+        while not check():
+            assert time.monotonic() < deadline, f"{what}: {_outbox_counts()}"
+            time.sleep(0.1)
+
+    with Receiver() as receiver:
+        save_destination("svc-toggle", [receiver.url])
+        save_source("svc-toggle-source", "wk_toggle_test", ["svc-toggle"])
+        workdir = tmp_path / "service"
+        workdir.mkdir()
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+               "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
+               "PREFECT_WEBHOOKS_HOME": str(workdir), "PYTHONPATH": str(ROOT)}
+        env.pop("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", None)
+
+        def command(*args: str) -> str:
+            done = subprocess.run([sys.executable, "-m", "prefect_webhooks.cli", "endpoint", *args],
+                                  env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        with running_service(env, port, workdir / "service.log"):
+            send(0)
+            wait_for(lambda: len(receiver.requests) == 10, "the first 10 delivered", 60)
+            assert "disabled endpoint(s) [1]" in command("disable", "svc-toggle", "--position", "1")
+            time.sleep(1.5)  # the serve's copy of the block is a few seconds old: 10 s would keep it
+            send(10)
+            wait_for(lambda: _outbox_counts().get("failed") == 10, "the next 10 failed as disabled")
+            assert len(receiver.requests) == 10
+            assert "10 message(s) pending again" in command("enable", "svc-toggle", "--replay")
+            wait_for(lambda: _outbox_counts() == {DELIVERED: 20}, "the replayed 10 delivered")
+    assert sorted(orjson.loads(request.body)["userId"] for request in receiver.requests) == sorted(
+        f"u{i}" for i in range(20))

@@ -40,11 +40,21 @@ async def taken_long_ago(flow_run_id: UUID) -> None:
     from prefect.server.database import provide_database_interface
     from prefect.server.models.flow_runs import set_flow_run_state
     from prefect.server.schemas.states import State, StateType
+    from sqlalchemy.exc import OperationalError
 
     taken_at = datetime.now(timezone.utc) - timedelta(minutes=5)
     state = State(type=StateType.PENDING, name="Submitting", timestamp=taken_at)
-    async with provide_database_interface().session_context(begin_transaction=True) as session:
-        await set_flow_run_state(session=session, flow_run_id=flow_run_id, state=state, force=True)
+    # Written beside the test server, which may hold its SQLite database's write lock a moment ("database is locked"
+    # seen once under two busy workers): the write is tried again.
+    for attempt in range(10):
+        try:
+            async with provide_database_interface().session_context(begin_transaction=True) as session:
+                await set_flow_run_state(session=session, flow_run_id=flow_run_id, state=state, force=True)
+            return
+        except OperationalError:
+            if attempt == 9:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def runs_of(deployment_id: UUID) -> list[Any]:

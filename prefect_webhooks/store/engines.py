@@ -7,9 +7,13 @@ idempotent, so every process may call it at start.
 from __future__ import annotations
 
 import operator
+import os
 import secrets
+import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,11 @@ from sqlalchemy import DateTime, event, insert, inspect, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlmodel import SQLModel, create_engine
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: there, processes opening a new store at once may race (see create_schema)
+    fcntl = None  # type: ignore[assignment]
 
 from prefect_webhooks.settings import get_settings, store_location
 from prefect_webhooks.store.file_modes import prepare_store_file
@@ -30,10 +39,20 @@ _engines_lock = threading.Lock()
 
 def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    # WAL lets the API write while delivery reads; NORMAL sync is durable across a process kill.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=30000")
+    # WAL lets the API write while delivery reads; NORMAL sync is durable across a process kill. Switching a new
+    # store to WAL needs it alone: processes opening it at the same moment (serve's parts starting) are answered
+    # "database is locked" at once, without the busy timeout, so the switch is tried again for as long.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     # 64 MB of page cache per connection instead of 2 MB: the outbox's indexes on random keys (user, messageId)
     # outgrow 2 MB after a few hundred thousand rows and every insert then rereads index pages.
@@ -106,8 +125,11 @@ def _make_engine(url: str, *, create: bool = True) -> Engine:
 def create_schema(engine: Engine) -> None:
     """Create every table and index that is missing; safe to call from any number of processes."""
     if engine.dialect.name != "postgresql":
-        # SQLite serialises the DDL under its write lock.
-        with engine.begin() as connection:
+        # Python's sqlite3 runs DDL outside a transaction, so two processes starting on a new store (serve's ingest
+        # API and delivery workers) could both find a table missing and both create it ("table outbox already
+        # exists"). One creator at a time: an exclusive flock on the store file (SQLite's own locks are fcntl
+        # locks, which a flock does not touch), held while the tables are checked and made.
+        with _schema_lock(engine.url.database), engine.begin() as connection:
             _create_missing(connection)
             upgrade_store(connection)
         return
@@ -117,6 +139,19 @@ def create_schema(engine: Engine) -> None:
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243051)")
         _create_missing(connection)
         upgrade_store(connection)
+
+
+@contextmanager
+def _schema_lock(database: str | None) -> Iterator[None]:
+    if fcntl is None or not database or database == ":memory:" or not Path(database).exists():
+        yield
+        return
+    descriptor = os.open(database, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # the flock ends with the descriptor
 
 
 def _create_missing(connection: Connection) -> None:

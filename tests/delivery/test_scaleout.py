@@ -128,7 +128,8 @@ def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
         received = received_ids(receiver.requests)
     report = accounting(20, received)
     with get_engine().connect() as connection:
-        rows = connection.execute(select(ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at)
+        rows = connection.execute(select(ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.status_code,
+                                         ATTEMPTS.c.error)
                                   .order_by(ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at)).all()
     by_row: dict[int, list[Any]] = {}
     for row in rows:
@@ -138,9 +139,14 @@ def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
           f"shortest gap between two requests of one message: {min(gaps, default=None)}")
     assert report.delivered == 20 and report.pending == report.failed == 0
     assert report.duplicates > 0
-    # Every copy the receiver got is a recorded attempt, and every repeat started a lease after the one before.
-    assert len(rows) == sum(received.values())
-    assert report.duplicates == len(gaps)
+    # Every copy the receiver got is a recorded attempt, and every repeat started a lease after the one before. An
+    # attempt can be recorded without reaching the receiver: a request the stalled worker had not yet written when
+    # it was stopped ends, once it runs again, in its timeout (seen on PostgreSQL: 40 attempts, 30 copies); every
+    # attempt the receiver answered was received.
+    answered = [row for row in rows if row.status_code is not None]
+    assert len(answered) <= sum(received.values()) <= len(rows)
+    assert all(row.error for row in rows if row.status_code is None)
+    assert report.duplicates <= len(gaps)
     assert all(gap >= timedelta(seconds=lease * 0.8) for gap in gaps)
 
 

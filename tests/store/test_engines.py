@@ -1,0 +1,31 @@
+"""Opening a store: processes starting on a new SQLite store at the same moment (serve's ingest API, delivery
+workers, pruner) all find it ready."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+
+def open_store(url: str, ready: multiprocessing.synchronize.Barrier) -> None:
+    from prefect_webhooks.store.engines import get_engine
+
+    ready.wait()
+    get_engine(url)
+
+
+def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    # Seen in CI: "table outbox already exists" from one of serve's parts, and "database is locked" from the switch
+    # to WAL. Four processes released together on each of eight new stores.
+    context = multiprocessing.get_context("fork")
+    exit_codes = []
+    for round_ in range(8):
+        url = f"sqlite:///{tmp_path / f'store-{round_}' / 'webhooks.db'}"
+        ready = context.Barrier(4)
+        processes = [context.Process(target=open_store, args=(url, ready)) for _ in range(4)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(120)
+        exit_codes += [process.exitcode for process in processes]
+    assert exit_codes == [0] * 32

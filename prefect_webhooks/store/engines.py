@@ -127,8 +127,9 @@ def create_schema(engine: Engine) -> None:
     if engine.dialect.name != "postgresql":
         # Python's sqlite3 runs DDL outside a transaction, so two processes starting on a new store (serve's ingest
         # API and delivery workers) could both find a table missing and both create it ("table outbox already
-        # exists"). One creator at a time: an exclusive flock on the store file (SQLite's own locks are fcntl
-        # locks, which a flock does not touch), held while the tables are checked and made.
+        # exists"). One creator at a time: an exclusive flock on the store's folder, held while the tables are
+        # checked and made. Not on the store file itself: closing any descriptor of that file would drop the POSIX
+        # locks SQLite's open connections in this process hold on it.
         with _schema_lock(engine.url.database), engine.begin() as connection:
             _create_missing(connection)
             upgrade_store(connection)
@@ -146,7 +147,7 @@ def _schema_lock(database: str | None) -> Iterator[None]:
     if fcntl is None or not database or database == ":memory:" or not Path(database).exists():
         yield
         return
-    descriptor = os.open(database, os.O_RDONLY)
+    descriptor = os.open(Path(database).resolve().parent, os.O_RDONLY)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield

@@ -103,8 +103,9 @@ class DestinationCache:
         self._entries: dict[str, tuple[float, ResolvedDestination]] = {}
         self._loading: dict[str, asyncio.Task[ResolvedDestination]] = {}
         self._copied: dict[str, dict[str, Any]] = {}
-        self._generations: dict[str, int | None] = {}
         """What this process last read from or wrote to the local copy, by name (it rewrites only changes)."""
+        self._generations: dict[str, int | None] = {}
+        """The store's count of changes of each block, as last seen (``follow``)."""
 
     async def get(self, name: str) -> ResolvedDestination:
         """The destination named ``name``: fresh from the cache, else loaded (bounded), else the last one known.

@@ -429,11 +429,18 @@ def fresh_store(kind: str, workdir: Path, postgres: Postgres | None, name: str) 
 def store_counts(url: str) -> dict[str, int]:
     from sqlalchemy import func, select
 
+    from prefect_webhooks.store.counters import outcome_totals
     from prefect_webhooks.store.engines import get_engine
     from prefect_webhooks.store.outbox import OUTBOX
 
+    # Outcomes from the counters (finished messages have left the queue for the log), pending from the queue.
     with get_engine(url).connect() as connection:
-        return dict(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
+        counts: dict[str, int] = {}
+        for outcomes in outcome_totals(connection).values():
+            for state, count in outcomes.items():
+                counts[state] = counts.get(state, 0) + count
+        counts.update(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
+        return counts
 
 
 def pending_count(url: str) -> int:

@@ -242,48 +242,13 @@ def phase_soak(bench: Bench) -> bool:
 
 
 def synthesize_history(url: str, count: int, *, old: bool) -> float:
-    """Bulk-insert ``count`` delivered messages (attempt record and remembered messageId each); returns seconds.
+    """Build ``count`` kept messages into the store's log (``bench_message_log.build_history``); returns seconds.
 
-    ``old``: finished two days ago (past the default retention); otherwise spread over the last 20 hours.
+    ``old``: finished two days ago (past the default retention); otherwise spread over the last day.
     """
-    from sqlalchemy import text
+    from bench_message_log import build_history
 
-    from prefect_webhooks.messages.payloads import serialize
-    from prefect_webhooks.store.counters import add_outcomes
-    from prefect_webhooks.store.engines import get_engine
-
-    body = serialize({"version": 1, "type": "track", "userId": "user-1", "timestamp": "2026-01-01T00:00:00.000Z",
-                      "event": "Order Completed", "properties": {"revenue": 19.99, "currency": "EUR", "sku": "A-1",
-                                                                  "bench_step": 0, "bench_seq": 0}})
-    tag = uuid.uuid4().hex[:6]
-    end = time.time() - (2 * 86400 if old else 60)
-    spread = 20 * 3600 / max(count, 1)
-    engine = get_engine(url)
-    started_at = time.monotonic()
-    sqlite = engine.dialect.name == "sqlite"
-    numbers = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count) SELECT i FROM n"
-               if sqlite else "SELECT i FROM generate_series(1, :count) AS i")
-    stamp = ("strftime('%Y-%m-%d %H:%M:%S', :end - i * :spread, 'unixepoch') || '.000000'" if sqlite
-             else "to_timestamp(:end - i * :spread) AT TIME ZONE 'UTC'")
-    with engine.begin() as connection:
-        connection.execute(text(
-            "INSERT INTO outbox (destination, source, message_type, message_id, user_id, body, state, attempts, "
-            f"created_at, first_attempt_at, next_attempt_at) SELECT 'bench-dest', 'bench-source', 'track', "
-            f"'hist-{tag}-' || i, 'user-' || (i % 50000), :body, 'delivered', 1, {stamp}, {stamp}, {stamp} "
-            f"FROM ({numbers}) AS numbers"), {"count": count, "body": body, "end": end, "spread": spread})
-        connection.execute(text(
-            "INSERT INTO delivery_attempts (outbox_id, attempted_at, url, status_code, latency_ms, outcome) "
-            "SELECT id, next_attempt_at, 'http://127.0.0.1:9/hook', 200, 3.0, 'delivered' FROM outbox "
-            "WHERE message_id LIKE :tag"), {"tag": f"hist-{tag}-%"})
-        connection.execute(text(
-            "INSERT INTO seen_messages (source, message_id, received_at) SELECT 'bench-source', message_id, created_at"
-            " FROM outbox WHERE message_id LIKE :tag"), {"tag": f"hist-{tag}-%"})
-        add_outcomes(connection, {("bench-dest", "delivered"): count})
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        # One transaction of millions of rows leaves a WAL of gigabytes that a store in service never has (passes
-        # are small, the WAL is checkpointed and cut back): fold it in, as the aged store would be.
-        connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)" if sqlite else "VACUUM ANALYZE")
-    return time.monotonic() - started_at
+    return build_history(url, count, older_than=2 * 86400 if old else 0)
 
 
 def phase_prune(bench: Bench) -> bool:
@@ -314,13 +279,16 @@ def phase_prune(bench: Bench) -> bool:
 
 
 def old_rows_left(url: str) -> int:
-    from sqlalchemy import func, select
+    """Kept messages that finished more than a day ago (the history ``synthesize_history(old=True)`` built)."""
+    from datetime import timedelta
 
     from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import OUTBOX
+    from prefect_webhooks.store.log_partitions import kept_partitions
+    from prefect_webhooks.store.tables import store_now
 
     with get_engine(url).connect() as connection:
-        return connection.execute(select(func.count()).where(OUTBOX.c.message_id.like("hist-%"))).scalar_one()
+        old = [p for p in kept_partitions(connection) if p.ends_at <= store_now() - timedelta(days=1)]
+        return sum(connection.exec_driver_sql(f'SELECT count(*) FROM "{p.name}"').scalar_one() for p in old)
 
 
 def phase_prefect(bench: Bench) -> bool:

@@ -16,7 +16,7 @@ from prefect.logging import get_run_logger
 
 from prefect_webhooks.blocks.enabling import adestinations_with_url
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.replay import DEFAULT_CHUNK, ReplaySelection, count_selected, replay_chunk
+from prefect_webhooks.store.replay import DEFAULT_CHUNK, ReplaySelection, count_selected, replay_chunks
 from prefect_webhooks.utilities.sync_flows import sync_compatible
 from prefect_webhooks.utilities.tagged_flows import tagged
 
@@ -75,12 +75,8 @@ async def replay(
     total = count_selected(engine, selection) if names else 0
     kind = "filtered" if filtered else "failed"
     progress = await acreate_progress_artifact(0.0, description=f"Replaying {total} {kind} message(s) of {names}")
-    replayed, after_id = 0, 0
-    while names:
-        count, highest = replay_chunk(engine, selection, after_id, chunk_size)
-        if highest is None:
-            break
-        replayed, after_id = replayed + count, highest
+    replayed = 0
+    for replayed in replay_chunks(engine, selection, chunk_size) if names else ():
         await aupdate_progress_artifact(progress, min(100.0, 100.0 * replayed / max(total, 1)))
     await aupdate_progress_artifact(progress, 100.0)
     await acreate_table_artifact(

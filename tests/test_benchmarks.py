@@ -34,6 +34,9 @@ TINY_RUNS = {
                        r"raw aiohttp POST loop \(ceiling\)\s+\d+ msg/s(.|\n)*deliver_due \(outbox\)\s+\d+ msg/s"),
     "bench_client": (["--messages", "200", "--endpoints", "sink"],
                      r"delivered throughput ratio \(ours / Segment\): [\d.]+x"),
+    "bench_message_log": (["--kept", "3000", "--hot-messages", "1000", "--rounds", "1", "--probes", "20"],
+                          r"log size: \d+ B per kept message(.|\n)*lookup by messageId: p50 [\d.]+ ms"
+                          r"(.|\n)*hot path .* fresh store [\d,]+/s, with 3,000 kept [\d,]+/s"),
 }
 
 

@@ -28,7 +28,6 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogHandler
 from prefect.settings import PREFECT_API_URL
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
@@ -39,9 +38,10 @@ from prefect_webhooks.inbound.sources import SourceInfo, SourceRegistry
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.outbox import enqueue
 from tests.receivers import Receiver
 from tests.servers import ROOT, IngestServer, _wait_healthy, free_port, ingest_api_process, save_source
+from tests.stored import every_message
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -96,8 +96,7 @@ class Api:
                           headers={"Content-Type": "application/json", **headers}, timeout=30)
 
     def rows(self, source: str) -> list[Any]:
-        with get_engine(self.store_url).connect() as connection:
-            return list(connection.execute(select(OUTBOX).where(OUTBOX.c.source == source)))
+        return every_message(self.store_url, source=source)
 
 
 @pytest.fixture(scope="module")
@@ -307,8 +306,7 @@ async def test_a_delivery_run_keeps_secrets_out_of_logs_and_artifacts(
     logs = await flow_run_logs(flow_run_id)
     artifacts = await flow_run_artifacts(flow_run_id)
     assert "deliver:" in logs and artifacts, "the run's logs and artifacts were read"
-    with get_engine().connect() as connection:
-        reasons = " ".join(str(row.reason) for row in connection.execute(select(OUTBOX)))
+    reasons = " ".join(str(row.reason) for row in every_message())
     for text in (logs, caplog.text, orjson.dumps(artifacts).decode(), reasons):
         for secret in (SECRET_HEADER, "hdr-s3cret", "k3y-s3cret", SHARED_SECRET, URL_TOKEN):
             assert secret not in text
@@ -331,8 +329,7 @@ async def test_ssrf_guard_refuses_a_loopback_destination_in_a_deliver_run(
         summary = await deliver()
         assert receiver.requests == []
     assert summary["failed"] == 1 and summary["delivered"] == 0
-    with get_engine().connect() as connection:
-        (row,) = connection.execute(select(OUTBOX)).all()
+    (row,) = every_message()
     assert row.state == FAILED and "private or loopback" in (row.reason or "")
 
 
@@ -345,5 +342,4 @@ async def test_without_the_guard_the_same_destination_is_delivered(fast_delivery
         summary = await deliver()
         assert len(receiver.requests) == 1
     assert summary["delivered"] == 1
-    with get_engine().connect() as connection:
-        assert [row.state for row in connection.execute(select(OUTBOX))] == [DELIVERED]
+    assert [row.state for row in every_message()] == [DELIVERED]

@@ -3,13 +3,12 @@
 What one request does, in one transaction (after the Source blocks have been read):
 
 1. Affected sources: the ones the request names, or else every source that sent events about the user (its outbox
-   rows, and ``user_sources`` for rows retention has removed). Retention keeps the rows of a user whose request
-   is still waiting to be processed.
+   queued and kept messages, and what retention recorded of the messages it removed).
 2. Purge, so delivery records keep no personal data:
-   - delivered, failed and filtered rows of the user: ``body``, ``user_id`` and ``message_id`` set to NULL;
-   - pending rows of the user (not yet sent): dropped, i.e. ``failed`` with reason ``purged`` and the same NULLs
-     (counted in the failed totals), because sending a deleted user's data after the deletion request would
-     defeat it;
+   - the user's messages in the message log: body, user id and messageId removed from their records;
+   - queued messages of the user (not yet sent): dropped, i.e. moved to the log as ``failed`` with reason
+     ``purged`` and without those fields (counted in the failed totals), because sending a deleted user's data
+     after the deletion request would defeat it;
    - pending ``delete`` notifications (of an earlier request) are left alone: they are the one thing still owed;
    - the user's ``audience_state`` rows are deleted (a later audience sync treats the user as new, unless the
      request also suppressed the user, in which case audience syncs leave the user out), and so are its
@@ -26,12 +25,11 @@ no delete message. Known limit: an ``alias`` row whose *previous* id is the user
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from pydantic import BaseModel
-from sqlalchemy import and_, delete, not_, select, union, update
+from sqlalchemy import delete, select, union, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
@@ -45,11 +43,19 @@ from prefect_webhooks.deletions.requests import (
     DeletionError,
     PendingRequest,
 )
-from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
+from prefect_webhooks.messages.outcomes import FAILED, PENDING
 from prefect_webhooks.messages.payloads import delete_payload
 from prefect_webhooks.messages.timestamps import utcnow
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.message_log import (
+    Leaving,
+    find_kept,
+    forget_pruned_sources,
+    move_to_log,
+    pruned_sources,
+    purge_kept,
+)
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
 from prefect_webhooks.store.tables import (
     AudienceState,
@@ -82,12 +88,16 @@ class DeletionOutcome(BaseModel):
 
 def sources_with_events(user_id: str, engine: Engine | None = None) -> list[str]:
     """Every source that sent events about the user (what an unscoped request notifies), sorted: the sources of its
-    outbox rows, and those retention recorded in ``user_sources`` when it removed older rows."""
+    queued and kept messages, and those retention recorded when it removed older ones."""
     engine = engine or get_engine()
-    kept = select(OUTBOX.c.source).where(OUTBOX.c.user_id == user_id, OUTBOX.c.source.is_not(None))
+    queued = select(OUTBOX.c.source).where(OUTBOX.c.user_id == user_id, OUTBOX.c.source.is_not(None))
     pruned = select(USER_SOURCES.c.source).where(USER_SOURCES.c.user_id == user_id)
     with engine.connect() as connection:
-        return sorted({row[0] for row in connection.execute(union(kept, pruned))})
+        found = {row[0] for row in connection.execute(union(queued, pruned))}
+        found.update(message.content.source for message in find_kept(connection, user_id=user_id)
+                     if message.content.source is not None)
+        found.update(pruned_sources(connection, user_id))
+    return sorted(found)
 
 
 def affected_sources(request: PendingRequest, engine: Engine | None = None) -> list[str]:
@@ -101,27 +111,22 @@ def purge_user(connection: Connection, user_id: str, reason: str) -> tuple[int, 
     """Remove the user's personal data from delivery records, in the caller's transaction.
 
     Returns:
-        (rows purged after delivery or failure, pending rows dropped, audience state rows deleted).
+        (kept messages purged, queued messages dropped, audience state rows deleted).
     """
-    owed = and_(OUTBOX.c.state == PENDING, OUTBOX.c.message_type == "delete")
-    cleared = {"body": None, "user_id": None, "message_id": None}
-    dropped_destinations = Counter(row[0] for row in connection.execute(
-        update(OUTBOX)
+    now = store_now()
+    queued = connection.execute(
+        select(OUTBOX.c.id, OUTBOX.c.destination)
         .where(OUTBOX.c.user_id == user_id, OUTBOX.c.state == PENDING, OUTBOX.c.message_type != "delete")
-        .values(state=FAILED, reason=reason, next_attempt_at=store_now(), lease_owner=None, lease_expires_at=None,
-                **cleared)
-        .returning(OUTBOX.c.destination)
-    ))
+    ).all()
+    dropped_destinations = move_to_log(connection, [
+        Leaving(row.id, FAILED, reason, None, None, now, purge=True) for row in queued])
     # Dropped messages failed: they count as such, in this transaction.
-    add_outcomes(connection, {(destination, FAILED): count for destination, count in dropped_destinations.items()})
+    add_outcomes(connection, dropped_destinations)
     dropped = sum(dropped_destinations.values())
-    purged = connection.execute(
-        update(OUTBOX)
-        .where(OUTBOX.c.user_id == user_id, OUTBOX.c.state.in_((DELIVERED, FAILED, FILTERED)), not_(owed))
-        .values(**cleared)
-    ).rowcount
+    purged = purge_kept(connection, user_id)
     state_rows = connection.execute(delete(STATE).where(STATE.c.user_id == user_id)).rowcount
     connection.execute(delete(USER_SOURCES).where(USER_SOURCES.c.user_id == user_id))
+    forget_pruned_sources(connection, user_id)
     return purged, dropped, state_rows
 
 

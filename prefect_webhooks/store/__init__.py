@@ -1,11 +1,14 @@
 """The store: the source of truth for every message. It takes in outbox rows (from ingestion, audience syncs and
-deletions, through ``outbox.enqueue``/``add_to_outbox``, in the caller's transaction) and hands them on to delivery
-as leased claims (``outbox.claim_due_deliveries``), then keeps each attempt and outcome (``outbox.record_outcomes``).
+deletions, through ``outbox.enqueue``/``add_to_outbox``, in the caller's transaction) into the queue and hands them
+on to delivery as leased claims (``outbox.claim_due_deliveries``); a message that reaches its outcome moves with its
+attempts to the message log (``outbox.record_outcomes`` ▶ ``message_log``), kept in time partitions that retention
+drops whole, and looked up by messageId, user or destination and time (``message_log.find_kept``).
 ``tables`` defines the schema, ``engines`` opens SQLite (WAL, the default) or PostgreSQL and creates the schema
 idempotently, and ``metrics`` reads the backlog and totals for ``/metrics``, ``/health/backlog`` and ``status``.
 """
 
 from prefect_webhooks.store.engines import create_schema, dispose_engines, get_engine, insert_rows, store_key
+from prefect_webhooks.store.message_log import KeptMessage, find_kept
 from prefect_webhooks.store.metrics import backlog_snapshot
 from prefect_webhooks.store.outbox import add_to_outbox, claim_due_deliveries, enqueue, record_outcomes
 from prefect_webhooks.store.replay import replay_failed
@@ -26,6 +29,7 @@ __all__ = [
     "Audience",
     "AudienceState",
     "DeletionRequest",
+    "KeptMessage",
     "DeliveryAttempt",
     "OutboxMessage",
     "SeenMessage",
@@ -37,6 +41,7 @@ __all__ = [
     "create_schema",
     "dispose_engines",
     "enqueue",
+    "find_kept",
     "get_engine",
     "insert_rows",
     "record_outcomes",

@@ -6,19 +6,17 @@ idempotent, so every process may call it at start.
 
 from __future__ import annotations
 
-import operator
 import os
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, event, insert, inspect, select
+from sqlalchemy import event, inspect, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlmodel import SQLModel, create_engine
@@ -29,9 +27,10 @@ except ImportError:  # not on Windows: there, processes opening a new store at o
     fcntl = None  # type: ignore[assignment]
 
 from prefect_webhooks.settings import get_settings, store_location
+from prefect_webhooks.store.bulk_insert import insert_rows as insert_rows  # its home before bulk_insert
 from prefect_webhooks.store.file_modes import prepare_store_file
 from prefect_webhooks.store.tables import OutboxMessage, StoreIdentity, dialect_insert
-from prefect_webhooks.store.upgrades import upgrade_store
+from prefect_webhooks.store.upgrades import move_history_to_log, upgrade_store
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -133,6 +132,7 @@ def create_schema(engine: Engine) -> None:
         with _schema_lock(engine.url.database), engine.begin() as connection:
             _create_missing(connection)
             upgrade_store(connection)
+        move_history_to_log(engine)
         return
     with engine.begin() as connection:
         # Concurrent CREATE TABLEs race on PostgreSQL's catalog (duplicate pg_type rows): one creator at a time,
@@ -140,6 +140,7 @@ def create_schema(engine: Engine) -> None:
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243051)")
         _create_missing(connection)
         upgrade_store(connection)
+    move_history_to_log(engine)
 
 
 @contextmanager
@@ -196,36 +197,3 @@ def dispose_engines() -> None:
             engine.dispose()
         _engines.clear()
         _store_keys.clear()
-
-
-def insert_rows(connection: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> int:
-    """Insert many rows of one shape into ``table`` in the caller's transaction; returns how many.
-
-    On SQLite the rows go straight to the driver's ``executemany``: SQLAlchemy's per-row parameter processing
-    (compiling each row's parameters, converting each datetime) cost more than the insert itself at 10,000+
-    calls/s and more than half of a million-member audience sync. Other databases get the portable core ``insert``.
-    """
-    if not rows:
-        return 0
-    if connection.dialect.name != "sqlite":
-        connection.execute(insert(table), list(rows))
-        return len(rows)
-    columns = list(rows[0])
-    statement = f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
-    times = [i for i, column in enumerate(columns) if isinstance(table.c[column].type, DateTime)]
-    values = operator.itemgetter(*columns)
-    formatted: dict[datetime, str] = {}
-    parameters = []
-    for row in rows:
-        row_values = list(values(row)) if len(columns) > 1 else [values(row)]
-        for i in times:
-            moment = row_values[i]
-            if moment is not None:
-                text = formatted.get(moment)
-                if text is None:
-                    # SQLAlchemy's own SQLite DATETIME text, so every reader parses and compares it the same way.
-                    text = formatted[moment] = moment.isoformat(sep=" ", timespec="microseconds")
-                row_values[i] = text
-        parameters.append(tuple(row_values))
-    connection.exec_driver_sql(statement, parameters)
-    return len(rows)

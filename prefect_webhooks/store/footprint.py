@@ -39,7 +39,8 @@ def store_size(engine: Engine) -> StoreSize:
         return StoreSize(total_bytes=pages * page_size + wal, wal_bytes=wal, free_bytes=free * page_size)
     tables = sorted(SQLModel.metadata.tables)
     query = text("SELECT coalesce(sum(pg_total_relation_size(to_regclass(name))), 0) "
-                 "FROM unnest(CAST(:names AS text[])) AS name")
+                 "FROM (SELECT unnest(CAST(:names AS text[])) AS name UNION ALL "
+                 "SELECT name FROM message_log_partitions) AS tables")
     with engine.connect() as connection:
         total = connection.execute(query, {"names": tables}).scalar_one()
     return StoreSize(total_bytes=int(total))

@@ -1,4 +1,4 @@
-"""The outbox: how messages enter the store for delivery.
+"""The outbox: the queue of messages waiting for delivery, and how they enter and leave it.
 
 ``enqueue`` is the one entry point ingestion, audience syncs and deletions use; ``add_to_outbox`` does the same
 inside a caller's transaction so a caller's own writes (dedupe keys, audience state) commit together with the rows.
@@ -6,7 +6,6 @@ inside a caller's transaction so a caller's own writes (dedupe keys, audience st
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -15,22 +14,14 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from prefect_webhooks.messages.outcomes import (
-    DELIVERED,
-    FAILED,
-    FILTERED,
-    PENDING,
-    THROTTLED_REASON,
-    Delivered,
-    Failed,
-    OutcomeRecords,
-)
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING, THROTTLED_REASON, OutcomeRecords
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.messages.retry import RETRY_AFTER_REASON
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.endpoint_counters import add_requests
 from prefect_webhooks.store.engines import get_engine, insert_rows
+from prefect_webhooks.store.message_log import Leaving, move_to_log
 from prefect_webhooks.store.ordering import claimable_in_order
 from prefect_webhooks.store.replay import replay_failed as replay_failed  # its home before the replay module
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
@@ -285,20 +276,6 @@ def release_leases(engine: Engine, ids: Sequence[int], owner: str, *, due_at: da
         return connection.execute(statement).rowcount
 
 
-# The one executemany statements; ``b_`` names keep bind parameters apart from columns.
-_MARK_FAILED = (
-    update(OUTBOX)
-    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
-    .values(
-        state=FAILED,
-        reason=bindparam("b_reason"),
-        attempts=bindparam("b_attempts"),
-        first_attempt_at=bindparam("b_first_attempt_at"),
-        next_attempt_at=bindparam("b_at"),
-        lease_owner=None,
-        lease_expires_at=None,
-    )
-)
 _RESCHEDULE = (
     update(OUTBOX)
     .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
@@ -314,62 +291,29 @@ _RESCHEDULE = (
 
 
 def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
-    """Write one batch's results in one transaction: the attempt log, bulk updates per kind of outcome, the
-    outcome counters and the per-endpoint request counters.
+    """Write one batch's results in one transaction: delivered, filtered and failed messages move from the queue
+    to the message log with their attempts (``message_log.move_to_log``), rescheduled ones stay queued with their
+    attempts beside them, and the outcome and per-endpoint request counters are added.
 
-    Only rows still pending change (a row a deletion purged meanwhile stays as the purge left it), and only those
-    count. A finished row's ``next_attempt_at`` becomes the time it finished, which retention counts from.
+    Only rows still queued move (a row a deletion purged meanwhile has left already), and only those count.
     """
     finished_at = store_now()
-    counts: Counter[tuple[str, str]] = Counter()
+    leaving = [Leaving(row.id, DELIVERED, None, row.attempts, row.first_attempt_at, row.at)
+               for row in records.delivered]
+    leaving += [Leaving(row.id, FAILED, row.reason, row.attempts, row.first_attempt_at, finished_at)
+                for row in records.failed]
+    leaving += [Leaving(row.id, FILTERED, row.reason, None, None, finished_at) for row in records.filtered]
+    leaving_ids = {row.id for row in leaving}
     with engine.begin() as connection:
+        counts = move_to_log(connection, leaving, records.attempts)
         insert_rows(connection, ATTEMPTS, [
             {"outbox_id": a.outbox_id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
-             "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome} for a in records.attempts])
-        for group in _same_values(records.delivered):
-            # One statement for rows that get the same values: far cheaper than executemany on a full batch.
-            first = group[0]
-            counts[first.destination, DELIVERED] += connection.execute(
-                update(OUTBOX)
-                .where(OUTBOX.c.id.in_([row.id for row in group]), OUTBOX.c.state == PENDING)
-                .values(state=DELIVERED, reason=None, attempts=first.attempts, first_attempt_at=first.first_attempt_at,
-                        next_attempt_at=first.at, lease_owner=None, lease_expires_at=None)
-            ).rowcount
-        for destination, rows in _by_destination(records.failed).items():
-            counts[destination, FAILED] += connection.execute(_MARK_FAILED, [
-                {"b_id": row.id, "b_reason": row.reason, "b_attempts": row.attempts,
-                 "b_first_attempt_at": row.first_attempt_at, "b_at": finished_at} for row in rows]).rowcount
+             "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome}
+            for a in records.attempts if a.outbox_id not in leaving_ids])
         if records.rescheduled:
             connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
                  "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
                  "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled])
-        by_rule: dict[tuple[str, str], list[int]] = {}
-        for row in records.filtered:
-            by_rule.setdefault((row.destination, row.reason), []).append(row.id)
-        for (destination, reason), ids in by_rule.items():
-            # Many rows share a rule: one statement per rule.
-            counts[destination, FILTERED] += connection.execute(
-                update(OUTBOX)
-                .where(OUTBOX.c.id.in_(ids), OUTBOX.c.state == PENDING)
-                .values(state=FILTERED, reason=reason, next_attempt_at=finished_at, lease_owner=None,
-                        lease_expires_at=None)
-            ).rowcount
         add_outcomes(connection, counts)
         add_requests(connection, records.requests)
-
-
-def _same_values(rows: Sequence[Delivered]) -> list[list[Delivered]]:
-    """Delivered rows grouped by every value but the id, in first-seen order."""
-    groups: dict[tuple[Any, ...], list[Delivered]] = {}
-    for row in rows:
-        groups.setdefault((row.attempts, row.first_attempt_at, row.at, row.destination), []).append(row)
-    return list(groups.values())
-
-
-def _by_destination(rows: Sequence[Failed]) -> dict[str, list[Failed]]:
-    groups: dict[str, list[Failed]] = {}
-    for row in rows:
-        groups.setdefault(row.destination, []).append(row)
-    return groups
-

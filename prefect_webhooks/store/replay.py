@@ -1,30 +1,36 @@
-"""Replay: failed (or filtered) messages back to pending, due now, with a fresh deadline, in bounded chunks.
+"""Replay: failed (or filtered) messages from the message log back into the queue, due now, with a fresh deadline,
+in bounded chunks.
 
 A selection names one or more destinations and narrows them by a time window, creation times and a reason prefix.
 The window is Svix's ``recover {since, until}``: the failed messages that were being attempted during it, from
-their first attempt (or, never attempted, their failure) to the time their last attempt was due
-(``next_attempt_at`` of a failed row). A replay of a million messages runs as chunks of ``chunk`` rows, each its
-own short transaction, so it neither holds locks for long nor stalls claims; ``on_chunk`` reports progress.
+their first attempt (or, never attempted, their failure) to the time they failed. A replay of a million messages
+runs as chunks of ``chunk`` messages, each its own short transaction, so it neither holds locks for long nor stalls
+claims; ``on_chunk`` reports progress. Each partition of the log is read through its (destination, time) index.
 
-Attempt counter and first attempt time are reset, so each message gets a full ``max_retry_age`` from its next
-attempt; the ``delivery_attempts`` log keeps the history. A row whose body a deletion request purged stays failed.
+A message keeps its number, so a receiver sees the same webhook id; its attempt counter and first attempt time are
+reset, so it gets a full ``max_retry_age`` from its next attempt, and its earlier attempts go back beside it, so its
+history stays whole when it leaves the queue again. A message whose body a deletion request purged stays failed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import and_, func, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import delete, select
+from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages.outcomes import FAILED, FILTERED, PENDING
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import OutboxMessage, store_now, to_store_time
+from prefect_webhooks.store.engines import get_engine, insert_rows
+from prefect_webhooks.store.log_partitions import STATE_CODES, Partition, kept_partitions
+from prefect_webhooks.store.log_records import epoch_ms
+from prefect_webhooks.store.message_log import KeptMessage, decode_rows
+from prefect_webhooks.store.tables import DeliveryAttempt, LogName, OutboxMessage, store_now, to_store_time
 
 OUTBOX = OutboxMessage.__table__
+ATTEMPTS = DeliveryAttempt.__table__
+NAMES = LogName.__table__
 DEFAULT_CHUNK = 10_000
 
 
@@ -51,49 +57,92 @@ class ReplaySelection:
     reason_prefix: str | None = None
     filtered: bool = False
 
-    def conditions(self) -> list[Any]:
-        """The selection as SQL conditions on the outbox."""
-        conditions = [OUTBOX.c.destination.in_(list(self.destinations)),
-                      OUTBOX.c.state == (FILTERED if self.filtered else FAILED), OUTBOX.c.body.is_not(None)]
-        if self.since is not None:
-            conditions.append(OUTBOX.c.next_attempt_at >= to_store_time(self.since))
+    @property
+    def state(self) -> str:
+        return FILTERED if self.filtered else FAILED
+
+    def matches(self, message: KeptMessage) -> bool:
+        """Whether a kept message of the selection's destinations and state is selected (the record's filters)."""
+        content = message.content
+        if content.body is None:
+            return False
         if self.until is not None:
-            started = func.coalesce(OUTBOX.c.first_attempt_at, OUTBOX.c.next_attempt_at)
-            conditions.append(started < to_store_time(self.until))
-        if self.created_after is not None:
-            conditions.append(OUTBOX.c.created_at >= to_store_time(self.created_after))
-        if self.created_before is not None:
-            conditions.append(OUTBOX.c.created_at < to_store_time(self.created_before))
-        if self.reason_prefix:
-            conditions.append(OUTBOX.c.reason.startswith(self.reason_prefix, autoescape=True))
-        return conditions
+            started = content.first_attempt_at or message.finished_at
+            if started >= to_store_time(self.until):
+                return False
+        if self.created_after is not None and content.created_at < to_store_time(self.created_after):
+            return False
+        if self.created_before is not None and content.created_at >= to_store_time(self.created_before):
+            return False
+        return not (self.reason_prefix and not (content.reason or "").startswith(self.reason_prefix))
+
+
+def _chunks(connection: Connection, selection: ReplaySelection, chunk: int) -> Iterator[tuple[Partition,
+                                                                                             list[KeptMessage]]]:
+    """The selected messages, partition by partition (oldest first), at most ``chunk`` rows read at a time."""
+    destination_ids = list(connection.execute(select(NAMES.c.id).where(
+        NAMES.c.name.in_(list(selection.destinations)))).scalars())
+    if not destination_ids:
+        return
+    since = to_store_time(selection.since) if selection.since is not None else None
+    kind = "failed" if selection.state == FAILED else "delivered"
+    for partition in reversed(kept_partitions(connection, kind, since=since)):
+        table = partition.table
+        after = (-1, -1)
+        while True:
+            query = (select(table).where(table.c.destination_id.in_(destination_ids),
+                                         table.c.state == STATE_CODES[selection.state],
+                                         (table.c.finished_ms > after[0])
+                                         | ((table.c.finished_ms == after[0]) & (table.c.id > after[1])))
+                     .order_by(table.c.finished_ms, table.c.id).limit(chunk))
+            if since is not None:
+                query = query.where(table.c.finished_ms >= epoch_ms(since))
+            rows = connection.execute(query).all()
+            if not rows:
+                break
+            yield partition, [message for message in decode_rows(connection, rows, partition)
+                              if selection.matches(message)]
+            after = (rows[-1].finished_ms, rows[-1].id)
 
 
 def count_selected(engine: Engine, selection: ReplaySelection) -> int:
     """How many messages ``selection`` matches now."""
     with engine.connect() as connection:
-        return connection.execute(select(func.count()).select_from(OUTBOX).where(*selection.conditions())).scalar_one()
+        return sum(len(messages) for _, messages in _chunks(connection, selection, DEFAULT_CHUNK))
 
 
-def replay_chunk(engine: Engine, selection: ReplaySelection, after_id: int, chunk: int) -> tuple[int, int | None]:
-    """Put back the next ``chunk`` matching messages with ids above ``after_id``, in one transaction.
+def put_back(connection: Connection, partition: Partition, messages: Sequence[KeptMessage]) -> int:
+    """Move ``messages`` of ``partition`` back into the queue, pending and due now, in the caller's transaction.
 
     Returns:
-        How many were put back, and the highest id looked at (None when nothing is left).
+        How many were put back (a message another replay or retention took meanwhile is left alone).
     """
-    ids = (select(OUTBOX.c.id).where(*selection.conditions(), OUTBOX.c.id > after_id).order_by(OUTBOX.c.id)
-           .limit(chunk))
-    with engine.begin() as connection:
-        found = list(connection.execute(ids).scalars())
-        if not found:
-            return 0, None
-        statement = (
-            update(OUTBOX)
-            .where(and_(OUTBOX.c.id.in_(found), *selection.conditions()))
-            .values(state=PENDING, reason=None, attempts=0, first_attempt_at=None, next_attempt_at=store_now(),
-                    lease_owner=None, lease_expires_at=None)
-        )
-        return connection.execute(statement).rowcount, max(found)
+    table = partition.table
+    taken = set(connection.execute(delete(table).where(table.c.id.in_([m.id for m in messages]))
+                                   .returning(table.c.id)).scalars())
+    now = store_now()
+    back = [message for message in messages if message.id in taken]
+    insert_rows(connection, OUTBOX, [
+        {"id": m.id, "destination": m.destination, "source": m.content.source, "message_type": m.content.message_type,
+         "message_id": m.content.message_id, "user_id": m.content.user_id, "body": m.content.body, "state": PENDING,
+         "attempts": 0, "created_at": m.content.created_at, "next_attempt_at": now} for m in back])
+    insert_rows(connection, ATTEMPTS, [
+        {"outbox_id": m.id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
+         "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome} for m in back for a in m.content.tries])
+    return len(back)
+
+
+def replay_chunks(engine: Engine, selection: ReplaySelection, chunk: int = DEFAULT_CHUNK) -> Iterator[int]:
+    """Put back every message ``selection`` matches, ``chunk`` at a time, each chunk its own transaction; yields the
+    running total after each."""
+    total = 0
+    with engine.connect() as reader:
+        for partition, messages in _chunks(reader, selection, chunk):
+            if not messages:
+                continue
+            with engine.begin() as connection:
+                total += put_back(connection, partition, messages)
+            yield total
 
 
 def replay_selection(
@@ -108,15 +157,11 @@ def replay_selection(
     Returns:
         How many messages were put back.
     """
-    engine = engine or get_engine()
-    total, after_id = 0, 0
-    while True:
-        count, highest = replay_chunk(engine, selection, after_id, chunk)
-        if highest is None:
-            return total
-        total, after_id = total + count, highest
+    total = 0
+    for total in replay_chunks(engine or get_engine(), selection, chunk):
         if on_chunk is not None:
             on_chunk(total)
+    return total
 
 
 def replay_failed(

@@ -2,18 +2,17 @@
 
 One pruning pass removes, oldest first:
 
-- delivered and filtered messages that got there more than ``retention_delivered`` ago, failed ones after
-  ``retention_failed`` (a finished row's ``next_attempt_at`` is when it finished; the due index finds them), each
-  with its attempt records; the (user, source) pairs of the removed rows go to ``user_sources``, so an unscoped
-  deletion request still finds every source that saw the user;
-- messageIds remembered for deduplication longer than the dedupe window;
+- the message log's partitions whose whole period is older than their kind's retention (``retention_delivered``
+  for delivered and filtered messages, ``retention_failed`` for failed ones): each is a table dropped whole, with
+  its messages' attempts inside their records (``message_log``). Before a partition goes, its (user, source) pairs
+  are kept, so an unscoped deletion request still finds every source that saw the user;
+- messageIds remembered for deduplication longer than the dedupe window, in transactions of at most
+  ``batch_rows``, each followed by a pause as long as it took;
 - the console's per-minute outcome counts older than a day (``minute_counts``).
 
-Never a pending message, and never a row of a user whose deletion request is still waiting: processing it needs
-them. The work is done in transactions of at most ``batch_rows`` messages, each followed by a pause as long as it
-took, so ingestion and delivery keep the write lock at least half the time. One pass at a time per store, across
-processes and hosts (the ``prune`` lease). Freed pages are reused by new rows (SQLite keeps them in the file, free;
-PostgreSQL's autovacuum marks them reusable), so the files level off instead of growing.
+Never a queued message. One pass at a time per store, across processes and hosts (the ``prune`` lease). Freed
+pages are reused by new rows (SQLite keeps them in the file, free; PostgreSQL returns a dropped table's files to
+the system at once), so the files level off instead of growing.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, tuple_
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
@@ -35,29 +34,24 @@ from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.footprint import StoreSize, store_size
 from prefect_webhooks.store.leases import release_lease, take_lease
-from prefect_webhooks.store.minute_counts import prune_minutes
-from prefect_webhooks.store.tables import (
-    DELETION_REQUESTED,
-    DeletionRequest,
-    DeliveryAttempt,
-    OutboxMessage,
-    SeenMessage,
-    UserSource,
-    dialect_insert,
-    store_now,
+from prefect_webhooks.store.log_partitions import (
+    KIND_OF_STATE,
+    drop_partition,
+    expired_partitions,
+    kept_partitions,
+    partition_states,
+    record_user_sources,
 )
+from prefect_webhooks.store.minute_counts import prune_minutes
+from prefect_webhooks.store.tables import OutboxMessage, SeenMessage, store_now
 
 OUTBOX = OutboxMessage.__table__
-ATTEMPTS = DeliveryAttempt.__table__
 SEEN = SeenMessage.__table__
-USER_SOURCES = UserSource.__table__
-REQUESTS = DeletionRequest.__table__
 PRUNE_LEASE = "prune"
 LEASE_SECONDS = 120.0
-# Messages per transaction: a batch of 500 holds SQLite's write lock for 5-30 ms (2,000: 15-50 ms, which showed in
+# MessageIds per transaction: a batch of 500 holds SQLite's write lock for 5-30 ms (2,000: 15-50 ms, which showed in
 # the ingest API's answer times under 3,000 events/s).
 BATCH_ROWS = 500
-ATTEMPTS_REMOVED = "attempts"
 SEEN_REMOVED = "seen_message_ids"
 MINUTES_REMOVED = "outcome_minutes"
 
@@ -70,7 +64,7 @@ class RetentionPolicy:
         delivered_seconds: Delivered and filtered messages, after they got there.
         failed_seconds: Failed messages, after they failed.
         seen_seconds: Remembered messageIds, after they were received (the dedupe window).
-        batch_rows: Most messages (or messageIds) removed per transaction.
+        batch_rows: Most messageIds removed per transaction.
         pause_ratio: After each transaction, pause this many times as long as it took.
     """
 
@@ -98,11 +92,11 @@ class PruneReport:
     """What one pass did.
 
     Attributes:
-        removed: Rows removed: per message state, ``attempts`` and ``seen_message_ids``.
-        oldest_kept: Per state, when the oldest message still kept got there (pending: when the first is due).
+        removed: Rows removed: per message state and ``seen_message_ids``.
+        oldest_kept: Per finished state, where the oldest partition kept begins (pending: when the first is due).
         kept_for: Per finished state, the retention in seconds.
         size: The store's size after the pass.
-        batches: Transactions the pass used.
+        batches: Partitions dropped and transactions of messageIds removed.
         seconds: How long the pass took, pauses included.
         skipped: Why no pass ran (another process holds the lease); None when it ran.
     """
@@ -131,8 +125,6 @@ class PruneReport:
                 "oldest kept": oldest.isoformat(sep=" ", timespec="seconds") if oldest else "-",
                 "kept for": f"{kept_for:g} s" if kept_for is not None else "until delivered or failed",
             })
-        rows.append({"rows": "attempt records", "removed": self.removed.get(ATTEMPTS_REMOVED, 0),
-                     "oldest kept": "-", "kept for": "with their message"})
         rows.append({"rows": "remembered messageIds", "removed": self.removed.get(SEEN_REMOVED, 0),
                      "oldest kept": "-", "kept for": "the dedupe window"})
         return rows
@@ -179,7 +171,7 @@ def prune_store(
     engine = engine or get_engine()
     policy = policy or RetentionPolicy.from_settings()
     owner = pass_owner()
-    report = PruneReport(removed=dict.fromkeys((DELIVERED, FILTERED, FAILED, ATTEMPTS_REMOVED, SEEN_REMOVED), 0),
+    report = PruneReport(removed=dict.fromkeys((DELIVERED, FILTERED, FAILED, SEEN_REMOVED), 0),
                          kept_for={state: policy.kept_for(state) for state in (DELIVERED, FILTERED, FAILED)})
     if not take_lease(engine, PRUNE_LEASE, owner, LEASE_SECONDS):
         report.skipped = "another process is running a pruning pass on this store"
@@ -187,25 +179,32 @@ def prune_store(
     started = time.monotonic()
     renewed = started
     now = now or store_now()
-    steps: list[tuple[str, Callable[[Connection], int]]] = [
-        (state, _message_step(state, now - timedelta(seconds=policy.kept_for(state)), policy.batch_rows, report))
-        for state in (DELIVERED, FILTERED, FAILED)
-    ]
-    steps.append((SEEN_REMOVED, _seen_step(now - timedelta(seconds=policy.seen_seconds), policy.batch_rows)))
+    kept_for = {"delivered": policy.delivered_seconds, "failed": policy.failed_seconds}
     try:
-        for name, step in steps:
-            while True:
-                if time.monotonic() - renewed > LEASE_SECONDS / 3:
-                    take_lease(engine, PRUNE_LEASE, owner, LEASE_SECONDS)
-                    renewed = time.monotonic()
-                began = time.monotonic()
-                with engine.begin() as connection:
-                    removed = step(connection)
-                report.batches += 1
-                report.removed[name] = report.removed.get(name, 0) + removed
-                if removed < policy.batch_rows:
-                    break
-                sleep((time.monotonic() - began) * policy.pause_ratio)
+        with engine.connect() as connection:
+            expired = expired_partitions(connection, kept_for, now)
+        for partition in expired:
+            if time.monotonic() - renewed > LEASE_SECONDS / 3:
+                take_lease(engine, PRUNE_LEASE, owner, LEASE_SECONDS)
+                renewed = time.monotonic()
+            for state, count in partition_states(engine, partition).items():
+                report.removed[state] = report.removed.get(state, 0) + count
+            record_user_sources(engine, partition)
+            drop_partition(engine, partition)
+            report.batches += 1
+        step = _seen_step(now - timedelta(seconds=policy.seen_seconds), policy.batch_rows)
+        while True:
+            if time.monotonic() - renewed > LEASE_SECONDS / 3:
+                take_lease(engine, PRUNE_LEASE, owner, LEASE_SECONDS)
+                renewed = time.monotonic()
+            began = time.monotonic()
+            with engine.begin() as connection:
+                removed = step(connection)
+            report.batches += 1
+            report.removed[SEEN_REMOVED] += removed
+            if removed < policy.batch_rows:
+                break
+            sleep((time.monotonic() - began) * policy.pause_ratio)
         with engine.begin() as connection:
             report.removed[MINUTES_REMOVED] = prune_minutes(connection, now)
         report.oldest_kept = oldest_kept(engine)
@@ -215,44 +214,6 @@ def prune_store(
         release_lease(engine, PRUNE_LEASE, owner)
     report.seconds = time.monotonic() - started
     return report
-
-
-def _message_step(state: str, cutoff: datetime, limit: int, report: PruneReport) -> Callable[[Connection], int]:
-    """One transaction's work for ``state``: up to ``limit`` messages that finished before ``cutoff``."""
-    under_deletion = select(REQUESTS.c.user_id).where(REQUESTS.c.state == DELETION_REQUESTED)
-
-    def step(connection: Connection) -> int:
-        chosen = (
-            select(OUTBOX.c.id)
-            .where(OUTBOX.c.state == state, OUTBOX.c.next_attempt_at < cutoff,
-                   or_(OUTBOX.c.user_id.is_(None), OUTBOX.c.user_id.not_in(under_deletion)))
-            .order_by(OUTBOX.c.next_attempt_at)
-            .limit(limit)
-        )
-        if connection.dialect.name == "postgresql":
-            # Rows another transaction holds (a replay, a purge) are left for the next pass: never a lock wait. The
-            # choice is materialized once: as a plain ``IN (subquery)`` PostgreSQL may run it again inside the
-            # join, and a locking LIMIT subquery run twice removes more than ``limit`` rows.
-            chosen = chosen.with_for_update(skip_locked=True)
-        picked = chosen.cte("chosen").prefix_with("MATERIALIZED")
-        # By id alone: the choice is made in this statement, so the rows still have ``state``. A ``state = ?`` term
-        # here let SQLite read every row of that state through the due index (0.6 s with 5M delivered rows kept)
-        # while holding the write lock.
-        removed = connection.execute(
-            delete(OUTBOX).where(OUTBOX.c.id.in_(select(picked.c.id)))
-            .returning(OUTBOX.c.id, OUTBOX.c.user_id, OUTBOX.c.source)
-        ).all()
-        if not removed:
-            return 0
-        attempts = connection.execute(delete(ATTEMPTS).where(ATTEMPTS.c.outbox_id.in_([row[0] for row in removed])))
-        report.removed[ATTEMPTS_REMOVED] = report.removed.get(ATTEMPTS_REMOVED, 0) + attempts.rowcount
-        pairs = sorted({(row[1], row[2]) for row in removed if row[1] is not None and row[2] is not None})
-        if pairs:
-            connection.execute(dialect_insert(connection)(USER_SOURCES).on_conflict_do_nothing(),
-                               [{"user_id": user_id, "source": source} for user_id, source in pairs])
-        return len(removed)
-
-    return step
 
 
 def _seen_step(cutoff: datetime, limit: int) -> Callable[[Connection], int]:
@@ -268,13 +229,16 @@ def _seen_step(cutoff: datetime, limit: int) -> Callable[[Connection], int]:
 
 
 def oldest_kept(engine: Engine) -> dict[str, datetime | None]:
-    """Per state, the time the oldest message kept got there (pending: the oldest one's due time); one index
-    lookup each."""
+    """Per state, where what is kept begins: for finished messages the start of the oldest partition of their kind
+    (a message is removed with its whole partition), for pending ones the oldest one's due time. No table scan."""
     found: dict[str, datetime | None] = {}
     with engine.connect() as connection:
-        for state in (DELIVERED, FILTERED, FAILED, PENDING):
-            value = connection.execute(select(func.min(OUTBOX.c.next_attempt_at)).where(OUTBOX.c.state == state))
-            found[state] = _as_datetime(value.scalar())
+        partitions = kept_partitions(connection)
+        for state in (DELIVERED, FILTERED, FAILED):
+            starts = [p.starts_at for p in partitions if p.kind == KIND_OF_STATE[state]]
+            found[state] = min(starts) if starts else None
+        value = connection.execute(select(func.min(OUTBOX.c.next_attempt_at)).where(OUTBOX.c.state == PENDING))
+        found[PENDING] = _as_datetime(value.scalar())
     return found
 
 

@@ -24,12 +24,11 @@ BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class OutboxMessage(SQLModel, table=True):
-    """One outbound message for one destination: a row before its first attempt, then its outcome.
+    """One outbound message for one destination while it is queued: the hot queue.
 
-    ``next_attempt_at`` is when a pending row is next due and, once the row is delivered, failed or filtered, when it
-    got there: the one index ``ix_outbox_due (state, next_attempt_at)`` serves both the claim (due pending rows) and
-    retention (rows that finished before a cutoff), and history costs no second time index. Which URL took a
-    delivered message is in its attempt records.
+    A message stays here until it is delivered, filtered or failed; then it moves to the message log
+    (``message_log``), so what the queue's indexes hold is what is pending, whatever the store keeps. ``state`` is
+    ``pending`` for every row (a store from before the message log is upgraded at its first start).
     """
 
     __tablename__ = "outbox"
@@ -40,6 +39,9 @@ class OutboxMessage(SQLModel, table=True):
         Index("ix_outbox_pending_user", "destination", "user_id", "id",
               sqlite_where=text("state = 'pending' AND user_id IS NOT NULL"),
               postgresql_where=text("state = 'pending' AND user_id IS NOT NULL")),
+        # A message keeps its id in the log after it leaves the queue; SQLite would hand the highest id of an empty
+        # queue out again (ids name messages to receivers), so it keeps the highest id ever given.
+        {"sqlite_autoincrement": True},
     )
 
     id: int | None = Field(
@@ -231,6 +233,39 @@ class EndpointCounter(SQLModel, table=True):
     shard: int = Field(primary_key=True, default=0)
     url: str = Field(default="", description="The URL without query or credentials: the metrics' label.")
     count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+
+
+class LogPartition(SQLModel, table=True):
+    """One table of the message log: the messages of one kind that left the queue in ``[starts_at, ends_at)``."""
+
+    __tablename__ = "message_log_partitions"
+
+    name: str = Field(primary_key=True, max_length=64)
+    kind: str = Field(max_length=16, description="delivered (delivered and filtered messages) or failed.")
+    starts_at: NaiveDatetime
+    ends_at: NaiveDatetime
+
+
+class LogName(SQLModel, table=True):
+    """A destination, source or URL named by a small number in the message log's rows and records."""
+
+    __tablename__ = "message_log_names"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True)
+
+
+class UserSourceKey(SQLModel, table=True):
+    """A source that sent events about a user whose kept messages retention dropped, by the user's lookup key.
+
+    Written when a message log partition is dropped (``message_log``), read by deletion requests as ``user_sources``
+    is; a deletion request removes the user's rows here too.
+    """
+
+    __tablename__ = "user_source_keys"
+
+    user_key: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    source_id: int = Field(primary_key=True, description="The source's number in ``message_log_names``.")
 
 
 class UserSource(SQLModel, table=True):

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -20,7 +21,6 @@ import pytest
 from prefect import get_client
 from prefect.settings import PREFECT_API_URL
 from pydantic import SecretStr
-from sqlalchemy import func, select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.rotation import RotationOutcome, describe_rotation, finish_rotations
@@ -30,10 +30,10 @@ from prefect_webhooks.delivery import DeliveryOptions, deliver_due
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
 from prefect_webhooks.signing.signatures import sign, verify
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.outbox import enqueue
 from tests.receivers import Receiver
 from tests.signing.test_headers import fast, libraries_accept, track  # noqa: F401  (fast is a fixture)
+from tests.stored import every_message
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -43,9 +43,7 @@ def block_name() -> str:
 
 
 def states(destination: str) -> dict[str, int]:
-    with get_engine().connect() as connection:
-        return dict(connection.execute(select(OUTBOX.c.state, func.count()).where(
-            OUTBOX.c.destination == destination).group_by(OUTBOX.c.state)).all())
+    return dict(Counter(message.state for message in every_message(destination=destination)))
 
 
 @pytest.mark.usefixtures("fast")

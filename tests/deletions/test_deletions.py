@@ -17,6 +17,7 @@ from prefect_webhooks.messages.payloads import identify_payload
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import enqueue
 from prefect_webhooks.store.tables import AudienceState, DeletionRequest, OutboxMessage, SuppressedUser
+from tests.stored import every_message, finish
 
 OUTBOX = OutboxMessage.__table__
 WHEN = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
@@ -31,14 +32,12 @@ def track(user: str, event: str = "Order Completed") -> dict[str, Any]:
 
 
 def set_state(store_url: str, state: str, **where: Any) -> None:
-    with get_engine(store_url).begin() as connection:
-        conditions = [OUTBOX.c[name] == value for name, value in where.items()]
-        connection.execute(update(OUTBOX).where(*conditions).values(state=state))
+    """Give the queued messages matching ``where`` an outcome, as delivery would."""
+    finish(store_url, [message.id for message in every_message(store_url, state="pending", **where)], state)
 
 
 def rows(store_url: str) -> list[dict[str, Any]]:
-    with get_engine(store_url).connect() as connection:
-        return [dict(row) for row in connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)).mappings()]
+    return [vars(message) for message in every_message(store_url)]
 
 
 @pytest.fixture
@@ -128,8 +127,7 @@ def test_purge_leaves_no_personal_data_of_the_user(store_url: str) -> None:
 
 def test_rows_a_filter_dropped_are_purged_too(store_url: str) -> None:
     enqueue("hooks-a", [track("u1", "Debug Ping"), track("u2", "Debug Ping")], source="web")
-    with get_engine(store_url).begin() as connection:
-        connection.execute(update(OUTBOX).values(state=FILTERED, reason="filtered: drop rule 'no-debug'"))
+    finish(store_url, [1, 2], FILTERED, reason="filtered: drop rule 'no-debug'")
     request = pending_requests(request_ids=[request_deletion("u1")])[0]
     assert process_deletion(request, DESTINATIONS).purged_rows == 1
     first, second, *_ = rows(store_url)

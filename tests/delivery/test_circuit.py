@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
@@ -14,8 +13,9 @@ from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, CLOSED, HALF_O
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, enqueue
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message
 
 
 def test_circuit_opens_after_threshold_half_opens_after_cooldown_and_closes_on_success() -> None:
@@ -148,11 +148,9 @@ async def test_hanging_endpoint_does_not_slow_a_healthy_destination(isolated: st
         with get_engine().begin() as connection:
             connection.execute(OUTBOX.delete())
         with_broken = await timed_drain(healthy, hanging.url, 300, 300)
-        with get_engine().connect() as connection:
-            broken = connection.execute(select(OUTBOX.c.state).where(OUTBOX.c.destination == "broken")).all()
-            healthy_rows = connection.execute(select(OUTBOX.c.state).where(OUTBOX.c.destination == "healthy")).all()
-            errors = [row.error for row in connection.execute(select(ATTEMPTS.c.error).where(
-                ATTEMPTS.c.url == hanging.url))]
+        broken = every_message(destination="broken")
+        healthy_rows = every_message(destination="healthy")
+        errors = [attempt.error for attempt in every_attempt(url=hanging.url)]
         print(f"\nhealthy 300 msgs alone: {baseline:.2f} s; with 300 msgs to a hanging endpoint: {with_broken:.2f} s; "
               f"requests that reached the hanging endpoint: {len(hanging.requests)}, "
               f"skipped (circuit open): {errors.count(CIRCUIT_OPEN_ERROR)}")

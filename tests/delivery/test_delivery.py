@@ -20,7 +20,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from sqlalchemy import select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
@@ -30,8 +29,9 @@ from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.messages.payloads import delete_payload, outbound_payload
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, enqueue
+from prefect_webhooks.store.outbox import enqueue
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message
 
 # Messages that fail for good emit Prefect events: send them to the session's test server.
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -70,13 +70,13 @@ def track(n: int = 1) -> dict[str, Any]:
 
 
 def outbox() -> list[Any]:
-    with get_engine().connect() as connection:
-        return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
+    """Every message, queued or kept, in id order."""
+    return every_message()
 
 
 def attempts() -> list[Any]:
-    with get_engine().connect() as connection:
-        return list(connection.execute(select(ATTEMPTS).order_by(ATTEMPTS.c.id)))
+    """Every attempt, in the order they were made."""
+    return every_attempt()
 
 
 async def wait_until_due() -> None:

@@ -10,7 +10,6 @@ from typing import Any
 import orjson
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.filter_rules import FilterRule
@@ -19,10 +18,10 @@ from prefect_webhooks.delivery.filters import compile_filters, split_filtered
 from prefect_webhooks.messages.model import parse_message
 from prefect_webhooks.messages.outcomes import DELIVERED, FILTERED
 from prefect_webhooks.messages.payloads import delete_payload, outbound_payload, serialize
-from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.metrics import backlog_snapshot
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, enqueue
+from prefect_webhooks.store.outbox import enqueue
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message
 
 WHEN = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
 
@@ -217,9 +216,8 @@ async def test_a_mixed_stream_reaches_the_endpoint_only_where_the_rules_let_it(s
         (name, "filtered: drop rule 'no-internal'"): 1,
         (name, "filtered: allow rule 'paid-tracks' not matched"): 1,
     }
-    with get_engine().connect() as connection:
-        rows = {row.user_id: row for row in connection.execute(select(OUTBOX).where(OUTBOX.c.destination == name))}
-        attempted = {row.outbox_id for row in connection.execute(select(ATTEMPTS.c.outbox_id))}
+    rows = {row.user_id: row for row in every_message(destination=name)}
+    attempted = {attempt.outbox_id for attempt in every_attempt()}
     assert (rows["u2"].state, rows["u2"].reason) == (FILTERED, "filtered: allow rule 'paid-tracks' not matched")
     assert (rows["u3"].state, rows["u3"].reason) == (FILTERED, "filtered: drop rule 'no-debug'")
     assert (rows["u4"].state, rows["u4"].reason) == (FILTERED, "filtered: drop rule 'no-internal'")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
@@ -33,9 +33,10 @@ from prefect_webhooks.delivery.events import (
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, FAILED
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, enqueue
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
 from prefect_webhooks.store.tables import store_now
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTOMATIONS = ROOT / "deployments" / "automations"
@@ -101,13 +102,11 @@ async def deliver(seconds: float) -> None:
 
 
 def attempts_to(url: str) -> list[Any]:
-    with get_engine().connect() as connection:
-        return list(connection.execute(select(ATTEMPTS).where(ATTEMPTS.c.url == url)))
+    return every_attempt(url=url)
 
 
 def rows(destination: str) -> list[Any]:
-    with get_engine().connect() as connection:
-        return list(connection.execute(select(OUTBOX).where(OUTBOX.c.destination == destination)))
+    return every_message(destination=destination)
 
 
 @pytest.mark.timeout(240)

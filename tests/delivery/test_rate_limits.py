@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
@@ -20,9 +21,10 @@ from prefect_webhooks.delivery.context import ClaimedBatch
 from prefect_webhooks.messages.outcomes import DELIVERED, THROTTLED_REASON
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
 from prefect_webhooks.store.tables import store_now
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message, to_ms
 
 
 def calls(name: str, count: int) -> list[dict[str, Any]]:
@@ -39,14 +41,11 @@ def sent_times(url: str) -> list[float]:
     """When each request to ``url`` was sent (seconds), from the attempt records: the time is taken where the
     sender sends, after its pacing, so a busy machine cannot bunch them the way it bunches arrivals at a receiver
     thread of this process. A batch's messages share their request's time: one entry per request."""
-    with get_engine().connect() as connection:
-        times = connection.execute(select(ATTEMPTS.c.attempted_at).where(ATTEMPTS.c.url == url)).scalars()
-        return sorted({moment.timestamp() for moment in times})
+    return sorted({to_ms(attempt.attempted_at).timestamp() for attempt in every_attempt(url=url)})
 
 
 def states() -> dict[str, int]:
-    with get_engine().connect() as connection:
-        return dict(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
+    return dict(Counter(message.state for message in every_message()))
 
 
 async def run(blocks: dict[str, dict[str, Any]], seconds: float) -> None:

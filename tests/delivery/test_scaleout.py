@@ -19,10 +19,11 @@ import pytest
 from sqlalchemy import inspect, select
 
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
 from tests.conftest import _fresh_postgres_database, postgres_server
 from tests.faults import ROOT, accounting, received_ids, start_worker, worker_result
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message
 
 CLAIMER = """
 import json, sys
@@ -127,10 +128,7 @@ def test_duplicates_happen_only_after_a_lease_expired(backend_url: str) -> None:
         worker_result(stalled)
         received = received_ids(receiver.requests)
     report = accounting(20, received)
-    with get_engine().connect() as connection:
-        rows = connection.execute(select(ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.status_code,
-                                         ATTEMPTS.c.error)
-                                  .order_by(ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at)).all()
+    rows = sorted(every_attempt(), key=lambda attempt: (attempt.outbox_id, attempt.attempted_at))
     by_row: dict[int, list[Any]] = {}
     for row in rows:
         by_row.setdefault(row.outbox_id, []).append(row.attempted_at)
@@ -208,7 +206,6 @@ def test_ingest_api_processes_share_one_port_and_commit_every_call(prefect_harne
         for thread in threads:
             thread.join(120)
     assert answers == [200] * 80
-    with get_engine(backend_url).connect() as connection:
-        assert len(connection.execute(select(OUTBOX.c.message_id)).all()) == 8 * 10 * 50
+    assert len(every_message(backend_url)) == 8 * 10 * 50
     # Both processes held client connections: one port, two processes serving it.
     assert len(serving) == 2

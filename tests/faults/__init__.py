@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import func, select
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.store.engines import get_engine
@@ -107,12 +106,11 @@ class Accounting:
 
 def accounting(sent: int, received: Counter[str] | None = None, url: str | None = None) -> Accounting:
     """Count the outbox by state (and the receiver's copies when given)."""
-    from prefect_webhooks.store.outbox import OUTBOX
+    from tests.stored import every_message
 
-    with get_engine(url).connect() as connection:
-        states = dict(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
-        reasons = Counter({reason: count for reason, count in connection.execute(
-            select(OUTBOX.c.reason, func.count()).where(OUTBOX.c.state == FAILED).group_by(OUTBOX.c.reason))})
+    messages = every_message(get_engine(url))
+    states = Counter(message.state for message in messages)
+    reasons = Counter(message.reason for message in messages if message.state == FAILED)
     result = Accounting(sent=sent, delivered=states.get(DELIVERED, 0), failed=states.get(FAILED, 0),
                         pending=states.get(PENDING, 0), failed_reasons=reasons)
     if received is not None:

@@ -25,10 +25,11 @@ from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR
 from prefect_webhooks.messages.outcomes import PENDING
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import dispose_engines, get_engine
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, enqueue
+from prefect_webhooks.store.outbox import OUTBOX, enqueue
 from tests.conftest import _fresh_postgres_database
 from tests.faults import Accounting, accounting, received_ids
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message
 
 pytestmark = pytest.mark.slow
 
@@ -75,8 +76,7 @@ async def deliver_until_settled(blocks: dict[str, str], timeout: float = 45.0, *
 
 
 def error_counts() -> Counter[str]:
-    with get_engine().connect() as connection:
-        rows = connection.execute(select(ATTEMPTS.c.error, ATTEMPTS.c.status_code)).all()
+    rows = every_attempt()
     return Counter(row.error.split(":")[0] if row.error else f"HTTP {row.status_code}" for row in rows)
 
 
@@ -158,11 +158,9 @@ async def test_slow_answers_within_the_timeout(faulty: str, monkeypatch: pytest.
 
 def timed_out_attempts() -> Counter[str]:
     """Per message (its user: one message each in these tests), the attempts that ended in the sender's timeout."""
-    joined = ATTEMPTS.join(OUTBOX, ATTEMPTS.c.outbox_id == OUTBOX.c.id)
-    with get_engine().connect() as connection:
-        rows = connection.execute(select(OUTBOX.c.user_id, func.count()).select_from(joined)
-                                  .where(ATTEMPTS.c.error.like("timeout%")).group_by(OUTBOX.c.user_id)).all()
-    return Counter({str(user): count for user, count in rows})
+    users = {message.id: message.user_id for message in every_message()}
+    return Counter(str(users.get(attempt.outbox_id)) for attempt in every_attempt()
+                   if (attempt.error or "").startswith("timeout"))
 
 
 async def test_429_with_retry_after(faulty: str) -> None:

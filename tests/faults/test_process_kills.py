@@ -25,6 +25,7 @@ from tests.faults import accounting, received_ids, start_worker, worker_result
 from tests.receivers import Receiver
 from tests.servers import free_port, ingest_api_process, save_source
 from tests.signing.test_headers import libraries_accept
+from tests.stored import every_message
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +42,7 @@ def batch_body(batch_id: str, size: int) -> dict[str, Any]:
 
 
 def stored_message_ids(url: str) -> Counter[str]:
-    with get_engine(url).connect() as connection:
-        return Counter(row.message_id for row in connection.execute(select(OUTBOX.c.message_id)))
+    return Counter(message.message_id for message in every_message(url))
 
 
 def test_sigkill_of_the_ingest_api_loses_no_accepted_batch(prefect_harness: None, store_url: str) -> None:

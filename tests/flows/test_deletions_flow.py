@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 from prefect import get_client
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from prefect_webhooks.deletions.requests import request_deletion, user_reference
 from prefect_webhooks.flows.deletions import ARTIFACT_KEY, deletions
@@ -17,6 +17,7 @@ from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import enqueue
 from prefect_webhooks.store.tables import OutboxMessage, SuppressedUser
 from tests.servers import save_destination, save_source, task_names
+from tests.stored import every_message, finish
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 OUTBOX = OutboxMessage.__table__
@@ -41,16 +42,14 @@ def blocks() -> dict[str, str]:
 
 
 def rows() -> list[Any]:
-    with get_engine().connect() as connection:
-        return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
+    return every_message()
 
 
 def test_flow_fans_out_purges_suppresses_and_shows_a_table(store_url: str, blocks: dict[str, str]) -> None:
     for source in ("web", "app", "crm", "legacy"):
         enqueue(blocks["hooks-a"], [track("alice")], source=blocks[source])
     enqueue(blocks["hooks-a"], [track("bob")], source=blocks["web"])
-    with get_engine().begin() as connection:
-        connection.execute(update(OUTBOX).where(OUTBOX.c.id == 1).values(state=DELIVERED))
+    finish(get_engine(), [1], DELIVERED)
 
     state = deletions(user_id="alice", suppress=True, return_state=True)
     [outcome] = state.result()

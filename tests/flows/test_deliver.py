@@ -25,15 +25,15 @@ from prefect.client.schemas.sorting import TaskRunSort
 from prefect.events.clients import AssertingEventsClient
 from prefect.events.worker import EventsWorker
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a pytest fixture)
-from sqlalchemy import select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
 from tests.receivers import Receiver
+from tests.stored import every_attempt, every_message
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,8 +61,7 @@ def track(n: int = 1) -> dict[str, Any]:
 
 
 def outbox() -> list[Any]:
-    with get_engine().connect() as connection:
-        return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
+    return every_message()
 
 
 async def task_runs_of(flow_run_id: uuid.UUID, expected: int) -> list[Any]:
@@ -290,8 +289,7 @@ def test_a_killed_delivery_process_loses_nothing(store_url: str, tmp_path: Path)
     assert set(received) == {f"u{n}" for n in range(200)}
     duplicates = len(received) - len(set(received))
     print(f"200 messages, {len(received)} requests received, {duplicates} duplicates (at-least-once)")
-    with get_engine().connect() as connection:
-        assert len(list(connection.execute(select(ATTEMPTS)))) <= len(received)
+    assert len(every_attempt()) <= len(received)
 
 
 async def test_filtered_messages_are_counted_in_the_summary_and_an_artifact(settings_env: Any) -> None:

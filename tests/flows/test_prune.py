@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -57,7 +58,7 @@ async def test_a_pass_prunes_the_store_shows_a_table_and_removes_only_our_old_ru
     engine = get_engine(store_url)
     enqueue("crm", [{"type": "track", "userId": "u", "event": "E"}] * 3, source="web")
     rows = claim_due_deliveries(engine, 10, "test")
-    now = store_now()
+    now = store_now() - timedelta(days=2)  # delivered two days ago: their whole partition is past any retention here
     record_outcomes(engine, OutcomeRecords(
         delivered=[Delivered(row.id, 1, now, now, row.destination) for row in rows],
         attempts=[Attempt(row.id, now, "http://127.0.0.1:9/", 200, None, 1.0, DELIVERED) for row in rows]))
@@ -76,12 +77,12 @@ async def test_a_pass_prunes_the_store_shows_a_table_and_removes_only_our_old_ru
     with tags(OUR_TAG):
         state = await prune(return_state=True)
     result = await state.result()
-    assert result[DELIVERED] == 3 and result["attempts"] == 3 and result["store_bytes"] > 0
+    assert result[DELIVERED] == 3 and result["store_bytes"] > 0
     assert result["flow_runs"] >= 1 and result["artifacts"] >= 1
     assert not await exists(old_ours) and not await exists(never_started) and await exists(old_foreign)
     assert await artifacts_of(old_ours) == [] and len(await artifacts_of(old_foreign)) == 1
     (artifact,) = await artifacts_of(state.state_details.flow_run_id)
     assert artifact["key"] == ARTIFACT_KEY and "Store:" in artifact["description"]
     table = {row["rows"]: row for row in orjson.loads(artifact["data"])}
-    assert table["delivered messages"]["removed"] == 3 and table["attempt records"]["removed"] == 3
+    assert table["delivered messages"]["removed"] == 3 and "attempt records" not in table  # inside their messages
     assert table["pending messages"]["kept for"] == "until delivered or failed"

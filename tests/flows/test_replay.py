@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from prefect import get_client
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.flows.deliver import deliver
@@ -19,6 +19,7 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
+from tests.stored import every_message, finish
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -29,8 +30,7 @@ def track(n: int) -> dict[str, Any]:
 
 
 def outbox() -> list[Any]:
-    with get_engine().connect() as connection:
-        return list(connection.execute(select(OUTBOX).order_by(OUTBOX.c.id)))
+    return every_message()
 
 
 async def run_artifact(state: Any, kind: str) -> Any:
@@ -115,11 +115,9 @@ async def test_a_window_replay_by_endpoint_url_in_chunks(name: str) -> None:
         enqueue(f"{name}-2", [track(n) for n in range(6, 9)])
         outage_from = dt.datetime(2026, 3, 1, 10, tzinfo=dt.timezone.utc)
         # Everything failed; ids 1-3 and 7 were being attempted during the outage window, the others later.
-        with get_engine().begin() as connection:
-            connection.execute(update(OUTBOX).values(state=FAILED, reason="expired: HTTP 503", attempts=5))
-            for ids, hour in (([1, 2, 3, 7], 11), ([4, 5, 6, 8, 9], 15)):
-                connection.execute(update(OUTBOX).where(OUTBOX.c.id.in_(ids)).values(
-                    first_attempt_at=dt.datetime(2026, 3, 1, hour - 1), next_attempt_at=dt.datetime(2026, 3, 1, hour)))
+        for ids, hour in (([1, 2, 3, 7], 11), ([4, 5, 6, 8, 9], 15)):
+            finish(get_engine(), ids, FAILED, reason="expired: HTTP 503", attempts=5,
+                   first_attempt_at=dt.datetime(2026, 3, 1, hour - 1), at=dt.datetime(2026, 3, 1, hour))
         receiver.default = 200
         state = await replay(endpoint=receiver.url, since=outage_from, until=outage_from + dt.timedelta(hours=2),
                              chunk_size=2, return_state=True)

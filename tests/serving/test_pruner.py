@@ -12,27 +12,26 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 from prefect.settings import PREFECT_API_URL, temporary_settings
-from sqlalchemy import func, select, update
 
 from prefect_webhooks.flows.old_runs import OUR_TAG
 from prefect_webhooks.messages.outcomes import DELIVERED
 from prefect_webhooks.serving.pruner import prune_every, run_one_pass
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.outbox import enqueue
 from prefect_webhooks.store.tables import store_now
 from tests.servers import free_port
+from tests.stored import every_message, finish
 
 
 def _old_delivered_rows(count: int) -> None:
     enqueue("crm", [{"type": "track", "userId": "u", "event": "E"}] * count, source="web")
-    with get_engine().begin() as connection:
-        connection.execute(update(OUTBOX).values(state=DELIVERED, next_attempt_at=store_now() - timedelta(hours=1)))
+    finish(get_engine(), [message.id for message in every_message()], DELIVERED,
+           at=store_now() - timedelta(hours=1))
 
 
 def _outbox_rows() -> int:
-    with get_engine().connect() as connection:
-        return connection.execute(select(func.count()).select_from(OUTBOX)).scalar_one()
+    return len(every_message())
 
 
 async def _prune_runs() -> list:

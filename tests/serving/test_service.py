@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
@@ -20,7 +21,7 @@ import httpx
 import orjson
 import pytest
 import yaml
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from prefect_webhooks.deployments.serve import (
     DELETIONS_DEPLOYMENT,
@@ -44,6 +45,7 @@ from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
 from prefect_webhooks.store.tables import OutboxMessage, store_now
 from tests.receivers import Receiver
 from tests.servers import free_port, save_destination, save_source
+from tests.stored import every_message
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -228,9 +230,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _outbox_counts() -> dict[str, int]:
-    table = OutboxMessage.__table__
-    with get_engine().connect() as connection:
-        return dict(connection.execute(select(table.c.state, func.count()).group_by(table.c.state)).all())
+    return dict(Counter(message.state for message in every_message()))
 
 
 def _running_deliver_runs() -> list[UUID]:

@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 import pytest
 import standardwebhooks.webhooks
-from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook as StandardWebhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from svix.webhooks import Webhook as SvixWebhook
@@ -29,9 +28,10 @@ from prefect_webhooks.messages.payloads import delete_payload, outbound_payload
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner, message_key_prefix
 from prefect_webhooks.store.engines import dispose_engines, get_engine, store_key
-from prefect_webhooks.store.outbox import OUTBOX, enqueue, replay_failed
+from prefect_webhooks.store.outbox import enqueue, replay_failed
 from tests.docs_pages import page, section
 from tests.receivers import ReceivedRequest, Receiver
+from tests.stored import every_message
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -74,8 +74,7 @@ def every_type() -> list[dict[str, Any]]:
 
 
 def outbox_ids() -> list[int]:
-    with get_engine().connect() as connection:
-        return [row.id for row in connection.execute(select(OUTBOX.c.id).order_by(OUTBOX.c.id))]
+    return [message.id for message in every_message()]
 
 
 def expected_key(outbox_id: int) -> str:
@@ -254,8 +253,7 @@ async def test_webhook_timestamp_is_each_attempts_time(fast: str, monkeypatch: p
     assert first.headers["webhook-id"] == second.headers["webhook-id"]
     assert int(second.headers["webhook-timestamp"]) >= int(first.headers["webhook-timestamp"]) + 1
     assert first.headers["webhook-signature"] != second.headers["webhook-signature"]
-    with get_engine().connect() as connection:
-        assert connection.execute(select(OUTBOX.c.state)).scalar_one() == DELIVERED
+    assert [message.state for message in every_message()] == [DELIVERED]
 
 
 def readme_example(heading: str) -> str:
@@ -280,8 +278,7 @@ async def test_the_readme_receiver_processes_each_message_once_despite_a_duplica
             if len(receiver.requests) == 3:
                 break
             await asyncio.sleep(0.1)
-    with get_engine().connect() as connection:
-        assert connection.execute(select(OUTBOX.c.state)).scalars().all() == [DELIVERED, DELIVERED]
+    assert [message.state for message in every_message()] == [DELIVERED, DELIVERED]
     assert len(receiver.requests) == 3
     namespace: dict[str, Any] = {}
     exec(compile(readme_example("Dropping duplicates: the message id"), "receivers.md", "exec"), namespace)

@@ -15,6 +15,7 @@ from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, 
 from prefect_webhooks.messages.outcomes import DELIVERED, PERMANENT, RETRY, EndpointRequest
 from prefect_webhooks.store.endpoint_counters import ENDPOINT_COUNTERS, add_requests, endpoint_totals, status_class
 from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.log_partitions import kept_partitions
 from prefect_webhooks.store.outbox import ATTEMPTS, enqueue
 from tests.receivers import Receiver
 
@@ -87,6 +88,8 @@ def test_served_metrics_count_real_requests_per_endpoint(prefect_harness: None, 
         with get_engine().begin() as connection:
             assert connection.execute(select(func.count()).select_from(ENDPOINT_COUNTERS)).scalar_one() > 0
             connection.execute(delete(ATTEMPTS))
+            for partition in kept_partitions(connection):
+                connection.execute(delete(partition.table))
 
         with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value()) as server:
             text = httpx.get(f"{server.url}/metrics").text

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import inspect, update
+from sqlalchemy import inspect
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
 from prefect_webhooks.store.engines import create_schema, get_engine
 from prefect_webhooks.store.ordering import behind_earlier, set_ordered
-from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
+from tests.stored import finish as give_outcome
 
 
 def calls(*users: str | None) -> list[dict[str, Any]]:
@@ -22,8 +23,7 @@ def claim_ids() -> list[int]:
 
 
 def finish(ids: list[int], state: str = DELIVERED) -> None:
-    with get_engine().begin() as connection:
-        connection.execute(update(OUTBOX).where(OUTBOX.c.id.in_(ids)).values(state=state, lease_owner=None))
+    give_outcome(get_engine(), ids, state)
 
 
 def test_only_each_users_oldest_pending_message_is_claimed(backend_url: str) -> None:

@@ -30,6 +30,7 @@ from prefect_webhooks.store.outbox import (
     replay_failed,
 )
 from prefect_webhooks.store.tables import store_now
+from tests.stored import every_attempt, every_message, finish, to_ms
 
 
 def track(n: int) -> dict:
@@ -93,8 +94,7 @@ def test_claim_filters_by_destination_and_skips_finished_rows(store_url: str) ->
     engine = get_engine(store_url)
     enqueue("crm", [track(1)])
     enqueue("ads", [track(2), track(3)])
-    with engine.begin() as connection:
-        connection.execute(update(OUTBOX).where(OUTBOX.c.id == 3).values(state=DELIVERED))
+    finish(engine, [3], DELIVERED)
     claimed = claim_due_deliveries(engine, 10, "w", destination="ads")
     assert [row.id for row in claimed] == [2]
     assert [row.id for row in claim_due_deliveries(engine, 10, "w")] == [1]
@@ -148,14 +148,17 @@ def test_record_outcomes_writes_states_and_attempts_in_one_go(store_url: str) ->
         attempts=[Attempt(i, now, "http://a/", status_code=s, error=None, latency_ms=1.5, outcome=o)
                   for i, s, o in ((1, 200, "delivered"), (2, 404, "permanent"), (3, 503, "retry"))],
     ))
-    stored = rows(engine)
+    stored = every_message(engine)
     assert [(row.state, row.reason) for row in stored] == [
         (DELIVERED, None), (FAILED, "permanent: HTTP 404"), (PENDING, "HTTP 503")]
-    # A finished row's next_attempt_at is when it finished (retention counts from it).
-    assert stored[0].next_attempt_at == now and stored[1].next_attempt_at >= now and stored[2].next_attempt_at == later
+    # The finished ones left the queue for the log, with their attempts; the rescheduled one's attempt waits beside it.
+    assert [row.id for row in rows(engine)] == [3]
+    # A kept message's finish time is when it got there (to the millisecond: retention counts from it).
+    assert stored[0].next_attempt_at == to_ms(now) and stored[1].next_attempt_at >= to_ms(now)
+    assert stored[2].next_attempt_at == later
+    assert [(a.outbox_id, a.status_code) for a in every_attempt(engine)] == [(1, 200), (2, 404), (3, 503)]
     with engine.connect() as connection:
-        assert connection.execute(select(ATTEMPTS.c.status_code).order_by(ATTEMPTS.c.id)).scalars().all() == [
-            200, 404, 503]
+        assert connection.execute(select(ATTEMPTS.c.status_code)).scalars().all() == [503]
 
 
 def test_replay_puts_failed_rows_back_with_a_fresh_deadline(store_url: str) -> None:
@@ -164,12 +167,11 @@ def test_replay_puts_failed_rows_back_with_a_fresh_deadline(store_url: str) -> N
     enqueue("ads", [track(9)])
     old = datetime(2025, 1, 1)
     with engine.begin() as connection:
-        connection.execute(update(OUTBOX).values(state=FAILED, reason="expired: HTTP 500", attempts=7,
-                                                 first_attempt_at=old, next_attempt_at=old))
-        connection.execute(update(OUTBOX).where(OUTBOX.c.id == 1).values(reason="permanent: HTTP 404"))
         connection.execute(update(OUTBOX).where(OUTBOX.c.id == 2).values(created_at=old))
+    finish(engine, [1], FAILED, reason="permanent: HTTP 404", attempts=7, first_attempt_at=old, at=old)
+    finish(engine, [2, 3, 4, 5], FAILED, reason="expired: HTTP 500", attempts=7, first_attempt_at=old, at=old)
     assert replay_failed("crm", reason_prefix="expired", created_after=datetime(2025, 6, 1)) == 2
-    stored = {row.id: row for row in rows(engine)}
+    stored = {row.id: row for row in every_message(engine)}
     assert [stored[i].state for i in (1, 2, 3, 4, 5)] == [FAILED, FAILED, PENDING, PENDING, FAILED]
     assert stored[3].attempts == 0 and stored[3].first_attempt_at is None and stored[3].reason is None
     assert stored[3].next_attempt_at <= store_now()
@@ -186,23 +188,21 @@ def test_record_outcomes_groups_rows_with_equal_values(store_url: str) -> None:
     record_outcomes(engine, OutcomeRecords(delivered=[
         Delivered(1, **same), Delivered(2, **same), Delivered(4, **same),
         Delivered(5, **{**same, "attempts": 3, "first_attempt_at": earlier})]))
-    stored = rows(engine)
+    stored = every_message(engine)
     assert [row.state for row in stored] == [DELIVERED, DELIVERED, PENDING, DELIVERED, DELIVERED]
     assert [row.attempts for row in stored] == [1, 1, 0, 1, 3]
-    assert stored[4].first_attempt_at == earlier and stored[0].first_attempt_at == now
-    assert all(row.next_attempt_at == now and row.lease_owner is None for row in stored if row.id != 3)
+    assert stored[4].first_attempt_at == to_ms(earlier) and stored[0].first_attempt_at == to_ms(now)
+    assert all(row.next_attempt_at == to_ms(now) for row in stored if row.id != 3)
 
 
 def test_replay_leaves_rows_purged_by_a_deletion_request_failed(store_url: str) -> None:
     engine = get_engine()
     enqueue("crm", [{"version": 1, "type": "track", "userId": "u", "timestamp": "x", "event": "E"}] * 2)
     with engine.begin() as connection:
-        connection.execute(update(OUTBOX).values(state=FAILED, reason="permanent: HTTP 404"))
         connection.execute(update(OUTBOX).where(OUTBOX.c.id == 1).values(body=None, user_id=None))
+    finish(engine, [1, 2], FAILED, reason="permanent: HTTP 404")
     assert replay_failed("crm") == 1
-    with engine.connect() as connection:
-        states = dict(connection.execute(select(OUTBOX.c.id, OUTBOX.c.state)).all())
-    assert states == {1: FAILED, 2: PENDING}
+    assert {row.id: row.state for row in every_message(engine)} == {1: FAILED, 2: PENDING}
 
 
 def test_bring_forward_makes_waiting_rows_of_the_destinations_due_now(store_url: str) -> None:

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
-
 from prefect_webhooks.messages.outcomes import FAILED, PENDING
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.outbox import enqueue
 from prefect_webhooks.store.replay import ReplaySelection, count_selected, replay_failed, replay_selection
+from tests.stored import every_message, finish
 
 T0 = datetime(2026, 3, 1, 10, 0)
 
 
 def failed_at(ids: list[int], first: datetime | None, last: datetime) -> None:
-    with get_engine().begin() as connection:
-        connection.execute(update(OUTBOX).where(OUTBOX.c.id.in_(ids)).values(
-            state=FAILED, reason="expired: HTTP 503", first_attempt_at=first, next_attempt_at=last, attempts=3))
+    finish(get_engine(), ids, FAILED, reason="expired: HTTP 503", attempts=3, first_attempt_at=first, at=last)
 
 
 def states() -> list[str]:
-    with get_engine().connect() as connection:
-        return [row.state for row in connection.execute(select(OUTBOX.c.state).order_by(OUTBOX.c.id))]
+    return [row.state for row in every_message(get_engine())]
 
 
 def test_a_window_selects_messages_attempted_during_it(store_url: str) -> None:

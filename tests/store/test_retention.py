@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 
 import pytest
@@ -22,14 +22,29 @@ from prefect_webhooks.messages.outcomes import (
     Filtered,
     OutcomeRecords,
 )
+from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import outcome_totals
 from prefect_webhooks.store.engines import dispose_engines, get_engine, insert_rows
 from prefect_webhooks.store.leases import release_lease, take_lease
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.log_partitions import kept_partitions
+from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue, record_outcomes
 from prefect_webhooks.store.retention import PRUNE_LEASE, SEEN, RetentionPolicy, prune_store
 from prefect_webhooks.store.tables import store_now
+from tests.stored import every_attempt, every_message
+from tests.stored import finish as finish_at
 
 POLICY = RetentionPolicy(delivered_seconds=60, failed_seconds=3600, seen_seconds=600)
+
+
+@pytest.fixture(autouse=True)
+def partitions_for_the_policy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The settings the writers make partitions by are the policy's: one-minute delivered partitions, quarter-hour
+    failed ones."""
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "60")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_FAILED", "3600")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 def track(user: str) -> dict[str, str]:
@@ -57,13 +72,16 @@ def finish(engine, outcomes: Sequence[str]) -> dict[str, list[int]]:  # type: ig
 
 
 def states(engine) -> dict[int, str]:  # type: ignore[no-untyped-def]
-    with engine.connect() as connection:
-        return dict(connection.execute(select(OUTBOX.c.id, OUTBOX.c.state)).all())
+    return {message.id: message.state for message in every_message(engine)}
 
 
 def attempt_ids(engine) -> set[int]:  # type: ignore[no-untyped-def]
+    return {attempt.outbox_id for attempt in every_attempt(engine)}
+
+
+def partition_names(engine) -> list[str]:  # type: ignore[no-untyped-def]
     with engine.connect() as connection:
-        return set(connection.execute(select(ATTEMPTS.c.outbox_id)).scalars())
+        return [partition.name for partition in kept_partitions(connection)]
 
 
 def test_each_state_goes_after_its_own_retention_and_pending_never(backend_url: str) -> None:
@@ -76,42 +94,37 @@ def test_each_state_goes_after_its_own_retention_and_pending_never(backend_url: 
     ids = finish(engine, [DELIVERED, DELIVERED, FILTERED, FAILED, FAILED])
     now = store_now()
 
-    early = prune_store(engine, POLICY, now=now + timedelta(seconds=30))
+    # A message is kept for its retention, and at most one partition's period (a quarter of it, at least a minute) more.
+    early = prune_store(engine, POLICY, now=now + timedelta(seconds=59))
     assert early.messages_removed() == 0 and len(states(engine)) == 7
 
-    report = prune_store(engine, POLICY, now=now + timedelta(seconds=120))
+    report = prune_store(engine, POLICY, now=now + timedelta(seconds=121))
     assert (report.removed[DELIVERED], report.removed[FILTERED], report.removed[FAILED]) == (2, 1, 0)
     kept = states(engine)
     assert sorted(kept.values()) == [FAILED, FAILED, PENDING, PENDING]
     # Attempts go with their message, and only theirs.
-    assert report.removed["attempts"] == 2
     assert attempt_ids(engine) == set(ids[FAILED])
+    assert all("_failed_" in name for name in partition_names(engine))
 
     late = prune_store(engine, POLICY, now=now + timedelta(days=365))
-    assert late.removed[FAILED] == 2 and late.removed["attempts"] == 2
+    assert late.removed[FAILED] == 2
     assert sorted(states(engine).values()) == [PENDING, PENDING]
-    assert attempt_ids(engine) == set()
+    assert attempt_ids(engine) == set() and partition_names(engine) == []
     assert late.oldest_kept[PENDING] is not None and late.oldest_kept[DELIVERED] is None
 
 
-def test_rows_of_a_user_whose_deletion_is_waiting_are_kept_then_pruned(backend_url: str) -> None:
+def test_a_deletion_waiting_while_its_users_messages_are_dropped_still_finds_their_source(backend_url: str) -> None:
     engine = get_engine(backend_url)
     enqueue("crm", [track("leaving"), track("staying")], source="web")
     finish(engine, [DELIVERED, DELIVERED])
     request_deletion("leaving")
-    later = store_now() + timedelta(hours=1)
-
-    assert prune_store(engine, POLICY, now=later).removed[DELIVERED] == 1
-    with engine.connect() as connection:
-        assert connection.execute(select(OUTBOX.c.user_id)).scalars().all() == ["leaving"]
-    # The waiting request still finds the source from the kept row; once it is processed the row may go.
+    assert prune_store(engine, POLICY, now=store_now() + timedelta(hours=1)).removed[DELIVERED] == 2
+    assert every_message(engine) == []
+    # The partition went whole; the request processed after it still notifies the source that saw the user.
     (request,) = pending_requests()
     assert sources_with_events("leaving") == ["web"]
     process_deletion(request, {"web": []})
-    assert prune_store(engine, POLICY, now=later + timedelta(hours=1)).removed[DELIVERED] >= 1
-    with engine.connect() as connection:
-        assert connection.execute(select(func.count()).select_from(OUTBOX).where(
-            OUTBOX.c.state == DELIVERED)).scalar_one() == 0
+    assert sources_with_events("leaving") == []
 
 
 def test_an_unscoped_deletion_still_finds_sources_whose_rows_were_pruned(backend_url: str) -> None:
@@ -143,7 +156,7 @@ def test_remembered_message_ids_expire_in_bounded_batches(backend_url: str) -> N
     assert len(pauses) == 2
 
 
-def test_messages_go_in_transactions_of_at_most_batch_rows(backend_url: str) -> None:
+def test_messages_go_a_whole_partition_at_a_time(backend_url: str) -> None:
     engine = get_engine(backend_url)
     enqueue("crm", [track(f"u{n}") for n in range(10)], source="web")
     finish(engine, [DELIVERED] * 10)
@@ -151,8 +164,8 @@ def test_messages_go_in_transactions_of_at_most_batch_rows(backend_url: str) -> 
     report = prune_store(engine, RetentionPolicy(60, 3600, 600, batch_rows=4), now=store_now() + timedelta(hours=1),
                          sleep=pauses.append)
     assert report.removed[DELIVERED] == 10
-    # Delivered: 4, 4, 2; then one (empty) transaction each for filtered, failed and message ids.
-    assert report.batches == 6 and len(pauses) == 2
+    # One partition dropped whole (no per-message delete, so no pause), then one transaction of message ids.
+    assert report.batches == 2 and pauses == []
 
 
 def test_one_pass_at_a_time(backend_url: str) -> None:
@@ -190,7 +203,7 @@ def test_an_older_store_gets_its_counters_from_its_rows_once(backend_url: str) -
     engine = get_engine(backend_url)
     enqueue("crm", [track(f"u{n}") for n in range(3)], source="web")
     with engine.begin() as connection:
-        # A store of the previous release: outcomes in the rows, no counters, no upgrade marker.
+        # A store of the previous release: outcomes in the queue's rows, no counters, no upgrade marker.
         connection.execute(update(OUTBOX).where(OUTBOX.c.id <= 2).values(state=DELIVERED))
         connection.exec_driver_sql("DELETE FROM outcome_counters")
         connection.exec_driver_sql("DELETE FROM store_upgrades")
@@ -206,8 +219,12 @@ def test_an_older_store_gets_its_counters_from_its_rows_once(backend_url: str) -
 def test_a_prune_racing_claims_loses_nothing_and_never_deadlocks(backend_url: str) -> None:
     engine = get_engine(backend_url)
     total = 600
+    # Messages that finished two hours ago fill partitions the passes drop while deliveries fill today's.
+    enqueue("crm", [track(f"old{n}") for n in range(100)], source="web")
+    finish_at(engine, list(range(1, 101)), DELIVERED, at=store_now() - timedelta(hours=2))
     enqueue("crm", [track(f"u{n % 40}") for n in range(total)], source="web")
     errors: list[BaseException] = []
+    removed: list[int] = []
     done = threading.Event()
 
     def deliver() -> None:
@@ -227,10 +244,8 @@ def test_a_prune_racing_claims_loses_nothing_and_never_deadlocks(backend_url: st
 
     def prune() -> None:
         try:
-            # Every delivered row is past its retention at once: the passes chase the deliveries.
             while not done.is_set():
-                prune_store(engine, RetentionPolicy(0.001, 0.001, 600, batch_rows=10),
-                            now=store_now() + timedelta(seconds=1), sleep=lambda _: None)
+                removed.append(prune_store(engine, POLICY, sleep=lambda _: None).removed[DELIVERED])
         except BaseException as exc:
             errors.append(exc)
 
@@ -242,12 +257,12 @@ def test_a_prune_racing_claims_loses_nothing_and_never_deadlocks(backend_url: st
     assert errors == [] and not any(thread.is_alive() for thread in threads)
     # Every message was delivered and counted exactly once; no pending row was removed.
     with engine.connect() as connection:
-        assert outcome_totals(connection) == {"crm": {DELIVERED: total}}
-        assert connection.execute(select(func.count()).select_from(OUTBOX).where(
-            OUTBOX.c.state == PENDING)).scalar_one() == 0
-        kept = connection.execute(select(func.count()).select_from(OUTBOX)).scalar_one()
-        kept_attempts = connection.execute(select(func.count()).select_from(ATTEMPTS)).scalar_one()
-    assert kept == kept_attempts  # attempts went with exactly their messages
+        assert outcome_totals(connection) == {"crm": {DELIVERED: total}}  # the old ones were not counted here
+    assert sum(removed) == 100
+    kept = every_message(engine)
+    assert len(kept) == total
+    assert all(message.state == DELIVERED for message in kept)
+    assert attempt_ids(engine) == {message.id for message in kept}  # attempts went with exactly their messages
 
 
 @pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("15m", 900), ("24h", 86400), ("7d", 604800)])

@@ -1,0 +1,284 @@
+"""The message log with history kept: its size per message, its lookups, and whether the hot path sees the history.
+
+Usage:
+    python bench/bench_message_log.py --kept 1000000            # build, measure, compare in one run
+    python bench/bench_message_log.py --build-only --kept 5000000 --store sqlite:////tmp/aged.db
+
+``--build-only`` is the documented way to give a store realistic history fast: ``--kept`` messages with random
+messageIds and users, the seed's body shapes (track, identify, page), one attempt each (3 % a 503 first, 1 % failed
+after three), finished evenly over the retention (24 h for delivered, 7 d for failed), written straight into the
+log's partitions the way delivery leaves them.
+
+A measuring run prints, beside our figures, the same history in the previous release's layout (one queue table
+holding every outcome, an attempts table, both with their indexes) in a scratch store of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DESTINATIONS = ("crm-hooks", "warehouse-hooks", "support-hooks")
+SOURCES = ("web-app", "ios-app")
+URLS = ("https://hooks.example.com/segment", "https://backup.example.net/webhooks/in")
+EVENTS = ("Order Completed", "Product Viewed", "Signed Up", "Cart Viewed", "Checkout Started")
+
+
+def body_of(kind: str, user: str, rng: random.Random) -> dict:
+    stamp = f"2026-11-2{rng.randrange(10)}T{rng.randrange(24):02d}:{rng.randrange(60):02d}:" \
+            f"{rng.randrange(60):02d}.{rng.randrange(1000):03d}Z"
+    if kind == "identify":
+        return {"version": 1, "type": "identify", "userId": user, "timestamp": stamp,
+                "traits": {"email": f"{user}@example.com", "plan": rng.choice(("free", "pro", "team")),
+                           "logins": rng.randrange(500)}}
+    if kind == "page":
+        return {"version": 1, "type": "page", "userId": user, "timestamp": stamp, "name": "Pricing",
+                "properties": {"path": "/pricing", "url": "https://www.example.com/pricing", "title": "Pricing",
+                               "referrer": "https://www.google.com/"}}
+    return {"version": 1, "type": "track", "userId": user, "timestamp": stamp, "event": rng.choice(EVENTS),
+            "properties": {"revenue": round(rng.uniform(1, 300), 2), "currency": "EUR",
+                           "sku": f"SKU-{rng.randrange(10_000)}", "quantity": rng.randrange(1, 5)}}
+
+
+def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, older_than: float = 0) -> float:
+    """Write ``kept`` finished messages into the store's log (see the module); returns seconds.
+
+    ``older_than``: every message finished at least this many seconds ago (history past its retention).
+    """
+    from prefect_webhooks.messages.outcomes import Attempt
+    from prefect_webhooks.messages.payloads import serialize
+    from prefect_webhooks.store.bulk_insert import insert_rows
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.log_partitions import STATE_CODES, partition_table, partitions_for
+    from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
+    from prefect_webhooks.store.message_log import name_ids
+    from prefect_webhooks.store.tables import OutboxMessage, store_now
+
+    rng = random.Random(seed)
+    engine = get_engine(url)
+    started = time.monotonic()
+    now = store_now() - timedelta(seconds=older_than)
+    with engine.begin() as connection:
+        names = name_ids(connection, DESTINATIONS + SOURCES + URLS)
+        # Ids above the queue's, as delivery would have given them: history never names a queued message.
+        first_id = (connection.exec_driver_sql(f"SELECT coalesce(max(id), 0) FROM {OutboxMessage.__tablename__}")
+                    .scalar_one() + 1_000_000_000)
+    written = 0
+    while written < kept:
+        size = min(batch, kept - written)
+        rows = []
+        for offset in range(size):
+            failed = rng.random() < 0.01
+            finished = now - timedelta(seconds=rng.uniform(0, 7 * 86400 if failed else 86400))
+            user = f"user-{rng.randrange(500_000)}"
+            kind = rng.choices(("track", "identify", "page"), (0.7, 0.2, 0.1))[0]
+            body = serialize(body_of(kind, user, rng))
+            url = rng.choice(URLS)
+            tries = [Attempt(0, finished - timedelta(milliseconds=40), url, 200, None, rng.uniform(5, 80),
+                                 "delivered")]
+            if failed:
+                tries = [Attempt(0, finished - timedelta(minutes=m), url, 500, None, 12.0, "retry")
+                         for m in (30, 5, 0)]
+            elif rng.random() < 0.03:
+                tries.insert(0, Attempt(0, finished - timedelta(seconds=2), url, 503, None, 9.0, "retry"))
+            message_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+            content = RecordContent(kind, rng.choice(SOURCES), message_id, user,
+                                    "expired: HTTP 500" if failed else None, len(tries),
+                                    finished - timedelta(seconds=3), tries[0].attempted_at, body, tries)
+            rows.append((("failed" if failed else "delivered"), finished, {
+                "id": first_id + written + offset, "destination_id": names[rng.choice(DESTINATIONS)],
+                "state": STATE_CODES["failed" if failed else "delivered"], "finished_ms": epoch_ms(finished),
+                "message_key": text_key(message_id), "user_key": text_key(user),
+                "source_id": names[content.source], "record": pack_record(content, finished, names)}))
+        with engine.begin() as connection:
+            partitions = partitions_for(connection, {(kind, at) for kind, at, _ in rows})
+            by_table: dict[str, list[dict]] = {}
+            for kind, at, row in rows:
+                by_table.setdefault(partitions[kind, at].name, []).append(row)
+            for name, table_rows in by_table.items():
+                insert_rows(connection, partition_table(name), table_rows)
+        written += size
+    if engine.dialect.name == "sqlite":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    return time.monotonic() - started
+
+
+def old_layout_bytes(kept: int, seed: int = 7) -> float:
+    """Bytes per message of the same history in the previous release's layout (queue rows kept with their outcome,
+    attempts table, indexes as that release made them), measured in a scratch SQLite store."""
+    import sqlite3
+
+    from prefect_webhooks.messages.payloads import serialize
+
+    rng = random.Random(seed)
+    path = Path(tempfile.mkdtemp()) / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE outbox (id INTEGER PRIMARY KEY, destination VARCHAR(255), source VARCHAR(255),
+          message_type VARCHAR(16), message_id VARCHAR(1024), user_id VARCHAR(1024), body BLOB, state VARCHAR(16),
+          reason VARCHAR, attempts INTEGER, created_at DATETIME, first_attempt_at DATETIME, next_attempt_at DATETIME,
+          lease_owner VARCHAR(64), lease_expires_at DATETIME);
+        CREATE INDEX ix_outbox_due ON outbox (state, next_attempt_at);
+        CREATE INDEX ix_outbox_user ON outbox (user_id);
+        CREATE TABLE delivery_attempts (id INTEGER PRIMARY KEY, outbox_id BIGINT NOT NULL, attempted_at DATETIME,
+          url VARCHAR, status_code INTEGER, error VARCHAR, latency_ms FLOAT, outcome VARCHAR(16));
+        CREATE INDEX ix_attempts_outbox ON delivery_attempts (outbox_id);
+    """)
+    stamp = "2026-11-26 10:00:00.123456"
+    for start in range(0, kept, 10_000):
+        outbox, attempts = [], []
+        for i in range(start, min(kept, start + 10_000)):
+            user = f"user-{rng.randrange(500_000)}"
+            kind = rng.choices(("track", "identify", "page"), (0.7, 0.2, 0.1))[0]
+            outbox.append((i + 1, rng.choice(DESTINATIONS), rng.choice(SOURCES), kind, str(uuid.uuid4()), user,
+                           serialize(body_of(kind, user, rng)), "delivered", None, 1, stamp, stamp, stamp))
+            attempts.append((i + 1, stamp, rng.choice(URLS), 200, None, 31.5, "delivered"))
+        db.executemany("INSERT INTO outbox (id, destination, source, message_type, message_id, user_id, body, state, "
+                       "reason, attempts, created_at, first_attempt_at, next_attempt_at) VALUES "
+                       "(?,?,?,?,?,?,?,?,?,?,?,?,?)", outbox)
+        db.executemany("INSERT INTO delivery_attempts (outbox_id, attempted_at, url, status_code, error, latency_ms, "
+                       "outcome) VALUES (?,?,?,?,?,?,?)", attempts)
+    db.commit()
+    used = sum(row[0] for row in db.execute("SELECT sum(pgsize - unused) FROM dbstat"))
+    db.close()
+    return used / kept
+
+
+def log_bytes(url: str) -> tuple[float, int]:
+    """Bytes used by the log's partitions, with their indexes (``dbstat``), per kept message; and the count."""
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.log_partitions import kept_partitions
+
+    engine = get_engine(url)
+    with engine.connect() as connection:
+        partitions = kept_partitions(connection)
+        names = [p.name for p in partitions]
+        count = sum(connection.exec_driver_sql(f'SELECT count(*) FROM "{name}"').scalar_one() for name in names)
+        used = 0
+        for name in names:
+            used += connection.exec_driver_sql(
+                "SELECT coalesce(sum(pgsize - unused), 0) FROM dbstat WHERE name = ? OR name IN "
+                "(SELECT name FROM sqlite_master WHERE tbl_name = ? AND type = 'index')", (name, name)).scalar_one()
+    return used / max(count, 1), count
+
+
+def lookup_times(url: str, probes: int = 200) -> dict[str, list[float]]:
+    """Milliseconds per lookup by messageId, by user (newest 50), and by destination over an hour (newest 50)."""
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.log_partitions import kept_partitions
+    from prefect_webhooks.store.message_log import decode_rows, find_kept
+    from prefect_webhooks.store.tables import store_now
+
+    engine = get_engine(url)
+    rng = random.Random(11)
+    times: dict[str, list[float]] = {"messageId": [], "user": [], "destination, 1 h": []}
+    with engine.connect() as connection:
+        sample = []
+        for partition in kept_partitions(connection)[:6]:
+            rows = connection.execute(partition.table.select().limit(probes // 6 + 1)).all()
+            sample += decode_rows(connection, rows, partition)
+        ids = [(message.content.message_id, message.content.user_id) for message in sample]
+        for message_id, user_id in ids[:probes]:
+            began = time.perf_counter()
+            found = find_kept(connection, message_id=message_id)
+            times["messageId"].append((time.perf_counter() - began) * 1000)
+            assert found and found[0].content.message_id == message_id
+            began = time.perf_counter()
+            find_kept(connection, user_id=user_id, limit=50)
+            times["user"].append((time.perf_counter() - began) * 1000)
+        now = store_now()
+        for _ in range(probes):
+            hour = now - timedelta(hours=rng.uniform(1, 23))
+            began = time.perf_counter()
+            find_kept(connection, destination=rng.choice(DESTINATIONS), since=hour, until=hour + timedelta(hours=1),
+                      limit=50)
+            times["destination, 1 h"].append((time.perf_counter() - began) * 1000)
+    return times
+
+
+def hot_path_rate(url: str, messages: int, batch: int = 500) -> float:
+    """Messages/s through the queue's whole path, enqueue ▶ claim ▶ record delivered (move to the log)."""
+    from prefect_webhooks.messages.outcomes import Attempt, Delivered, OutcomeRecords
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue, record_outcomes
+    from prefect_webhooks.store.tables import store_now
+
+    engine = get_engine(url)
+    rng = random.Random(3)
+    began = time.perf_counter()
+    for _ in range(0, messages, batch):
+        enqueue("crm-hooks", [body_of("track", f"user-{rng.randrange(500_000)}", rng) for _ in range(batch)],
+                source="web-app", engine=engine)
+        claimed = claim_due_deliveries(engine, batch, "bench", in_order=False)
+        now = store_now()
+        record_outcomes(engine, OutcomeRecords(
+            delivered=[Delivered(row.id, 1, now, now, row.destination) for row in claimed],
+            attempts=[Attempt(row.id, now, URLS[0], 200, None, 20.0, "delivered") for row in claimed]))
+    return messages / (time.perf_counter() - began)
+
+
+def quantile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kept", type=int, default=1_000_000, help="messages of history to build")
+    parser.add_argument("--store", default="", help="the aged store's URL (default: a scratch SQLite file)")
+    parser.add_argument("--build-only", action="store_true", help="build the history and stop")
+    parser.add_argument("--hot-messages", type=int, default=20_000, help="messages through the hot path per store")
+    parser.add_argument("--probes", type=int, default=200, help="lookups of each kind")
+    parser.add_argument("--rounds", type=int, default=3, help="hot-path runs per store")
+    parser.add_argument("--hot-path-only", metavar="STORE", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.hot_path_only:
+        print(hot_path_rate(args.hot_path_only, args.hot_messages))
+        return 0
+    scratch = Path(tempfile.mkdtemp(prefix="bench-log-"))
+    aged = args.store or f"sqlite:///{scratch / 'aged.db'}"
+    os.environ.setdefault("PREFECT_WEBHOOKS_HOME", str(scratch))
+    seconds = build_history(aged, args.kept)
+    print(f"built {args.kept:,} kept messages in {seconds:.1f} s ({args.kept / seconds:,.0f}/s) into {aged}")
+    if args.build_only:
+        return 0
+    if aged.startswith("sqlite"):
+        per_message, count = log_bytes(aged)
+        reference = old_layout_bytes(min(args.kept, 200_000))
+        print(f"log size: {per_message:.0f} B per kept message, indexes included ({count:,} kept); "
+              f"reference, the previous release's layout, same history shapes: {reference:.0f} B")
+    for name, values in lookup_times(aged, args.probes).items():
+        print(f"lookup by {name}: p50 {statistics.median(values):.2f} ms, p99 {quantile(values, 0.99):.2f} ms "
+              f"({len(values)} probes, {args.kept:,} kept)")
+    fresh = f"sqlite:///{scratch / 'fresh.db'}" if aged.startswith("sqlite") else aged
+    if fresh != aged:
+        # Each run in a process of its own, fresh and aged in turn: a process that built the history, or ran first,
+        # is not the same process as one that did not.
+        rates: dict[str, list[float]] = {"fresh": [], "aged": []}
+        for _ in range(args.rounds):
+            for name, url in (("fresh", fresh), ("aged", aged)):
+                answer = subprocess.run([sys.executable, __file__, "--hot-path-only", url, "--hot-messages",
+                                         str(args.hot_messages)], capture_output=True, text=True, check=True)
+                rates[name].append(float(answer.stdout.strip().splitlines()[-1]))
+        fresh_rate, aged_rate = statistics.median(rates["fresh"]), statistics.median(rates["aged"])
+        print(f"hot path (enqueue, claim, record delivered), {args.hot_messages:,} messages, median of "
+              f"{args.rounds} runs each: fresh store {fresh_rate:,.0f}/s, with {args.kept:,} kept "
+              f"{aged_rate:,.0f}/s ({aged_rate / fresh_rate:.0%} of fresh; runs {rates})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

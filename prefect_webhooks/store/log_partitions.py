@@ -1,0 +1,238 @@
+"""The message log's partitions: one table per kind and period, listed in ``message_log_partitions``.
+
+A message that leaves the queue goes to the partition of its kind (``delivered`` holds delivered and filtered
+messages, ``failed`` the failed ones: each kind has its own retention) whose period holds its finish time; the first
+transaction that needs a partition makes it. A period is the largest of one minute, five minutes, a quarter hour, an
+hour, six hours and a day that is at most a quarter of the kind's retention, so retention, which drops a partition
+whole once all of its period is older than the retention, keeps a message for its retention and at most a quarter
+more. Before a partition goes, its (user, source) pairs are kept by user key, so an unscoped deletion request still
+finds every source that saw the user.
+
+A process remembers only partitions it read as committed, and consults that list only for recent times (an older
+partition may have been dropped by retention since), so a rolled-back batch never leaves it believing in a table
+that does not exist.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, MetaData, Table, delete, func, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.tables import LogPartition, UserSourceKey, dialect_insert, store_now
+
+PARTITIONS = LogPartition.__table__
+USER_SOURCE_KEYS = UserSourceKey.__table__
+
+# Which partitions a finished state goes to: the kinds have their own retention.
+KIND_OF_STATE = {DELIVERED: "delivered", FILTERED: "delivered", FAILED: "failed"}
+STATES_OF_KIND = {"delivered": (DELIVERED, FILTERED), "failed": (FAILED,)}
+# A kept message's state, as a small number in its row.
+STATE_CODES = {DELIVERED: 1, FILTERED: 2, FAILED: 3}
+STATE_OF_CODE = {code: state for state, code in STATE_CODES.items()}
+PERIODS = (60, 300, 600, 900, 1800, 3600, 7200, 6 * 3600, 12 * 3600, 86400)
+# A partition's indexes on random keys (messageId, user) take a new page for most inserts once they outgrow the
+# cache: its period is kept short enough that it holds about this many messages at the rate the last one filled, so
+# what an insert costs follows the rate, not the retention or what is kept.
+ROWS_PER_PARTITION = 1_000_000
+
+_tables_metadata = MetaData()
+_tables: dict[str, Table] = {}
+_lock = threading.Lock()
+
+
+def partition_period(kept_for: float) -> int:
+    """The period of new partitions for a kind kept ``kept_for`` seconds (see the module)."""
+    fitting = [period for period in PERIODS if period * 4 <= kept_for]
+    return fitting[-1] if fitting else PERIODS[0]
+
+
+def partition_table(name: str) -> Table:
+    """The table object of a partition (the same shape for every one)."""
+    with _lock:
+        table = _tables.get(name)
+        if table is None:
+            table = Table(
+                name, _tables_metadata,
+                Column("id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=False),
+                Column("destination_id", Integer, nullable=False),
+                Column("state", Integer, nullable=False, comment="STATE_CODES: 1 delivered, 2 filtered, 3 failed."),
+                Column("finished_ms", BigInteger, nullable=False),
+                Column("message_key", BigInteger),
+                Column("user_key", BigInteger),
+                Column("source_id", Integer),
+                Column("record", LargeBinary, nullable=False),
+                Index(f"ix_{name}_message", "message_key"),
+                Index(f"ix_{name}_user", "user_key"),
+                Index(f"ix_{name}_destination", "destination_id", "finished_ms"),
+            )
+            _tables[name] = table
+        return table
+
+
+def _store(connection: Connection | Engine) -> str:
+    return connection.engine.url.render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition of the message log, as ``message_log_partitions`` lists it."""
+
+    name: str
+    kind: str
+    starts_at: datetime
+    ends_at: datetime
+
+    @property
+    def table(self) -> Table:
+        return partition_table(self.name)
+
+
+def kept_partitions(
+    connection: Connection, kind: str | None = None, *, since: datetime | None = None, until: datetime | None = None
+) -> list[Partition]:
+    """The partitions kept, newest first; those of ``kind``, and overlapping ``[since, until)``, when given."""
+    query = select(PARTITIONS.c.name, PARTITIONS.c.kind, PARTITIONS.c.starts_at, PARTITIONS.c.ends_at)
+    if kind is not None:
+        query = query.where(PARTITIONS.c.kind == kind)
+    if since is not None:
+        query = query.where(PARTITIONS.c.ends_at > since)
+    if until is not None:
+        query = query.where(PARTITIONS.c.starts_at < until)
+    return [Partition(*row) for row in connection.execute(query.order_by(PARTITIONS.c.starts_at.desc(),
+                                                                            PARTITIONS.c.name))]
+
+
+def _containing(partitions: Sequence[Partition], kind: str, at: datetime) -> Partition | None:
+    for partition in partitions:
+        if partition.kind == kind and partition.starts_at <= at < partition.ends_at:
+            return partition
+    return None
+
+
+_recent: dict[str, list[Partition]] = {}
+RECENT_SECONDS = 300.0
+
+
+def partitions_for(connection: Connection, wanted: Iterable[tuple[str, datetime]]) -> dict[
+        tuple[str, datetime], Partition]:
+    """The partition each (kind, naive-UTC finish time) goes to, made in the caller's transaction where missing.
+
+    A new partition's period is at most ``partition_period`` of its kind's retention setting, and shorter where
+    the rate asks for it (``ROWS_PER_PARTITION``). The process remembers only
+    partitions it read as committed, and consults that list only for recent times (an older partition may have been
+    dropped by retention since).
+    """
+    store = _store(connection)
+    pairs = set(wanted)
+    found: dict[tuple[str, datetime], Partition] = {}
+    recent_since = store_now() - timedelta(seconds=RECENT_SECONDS)
+    for kind, at in pairs:
+        partition = _containing(_recent.get(store, ()), kind, at) if at >= recent_since else None
+        if partition is not None:
+            found[kind, at] = partition
+    missing = pairs - set(found)
+    if not missing:
+        return found
+    if connection.dialect.name == "postgresql":
+        # Concurrent CREATE TABLE IF NOT EXISTS still race on the catalog: one creator at a time, until commit.
+        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243052)")
+    known = kept_partitions(connection)
+    with _lock:
+        _recent[store] = [partition for partition in known if partition.ends_at > recent_since]
+    longest = log_periods()
+    for kind, at in sorted(missing):
+        partition = _containing(known, kind, at)
+        if partition is None:
+            earlier = [p for p in known if p.kind == kind and p.starts_at <= at]
+            previous = max(earlier, key=lambda p: p.ends_at) if earlier else None
+            period = _period_after(connection, previous, longest[kind])
+            partition = _new_partition(connection, kind, at, period, previous)
+            known.append(partition)
+        found[kind, at] = partition
+    return found
+
+
+def log_periods() -> dict[str, int]:
+    """Per kind, the longest period of a partition made now: a quarter of the kind's retention setting."""
+    retention = get_settings().retention
+    return {"delivered": partition_period(retention.retention_delivered),
+            "failed": partition_period(retention.retention_failed)}
+
+
+def _period_after(connection: Connection, previous: Partition | None, longest: int) -> int:
+    """The period of a kind's next partition: the longest its retention allows that would have held at most
+    ``ROWS_PER_PARTITION`` messages at the rate the previous partition filled (the shortest for a kind's first)."""
+    if previous is None:
+        return PERIODS[0]
+    cap = ROWS_PER_PARTITION * 4
+    counted = select(previous.table.c.id).limit(cap).subquery()
+    rows = connection.execute(select(func.count()).select_from(counted)).scalar_one()
+    rate = rows / max((previous.ends_at - previous.starts_at).total_seconds(), 1.0)
+    fitting = [period for period in PERIODS if period <= longest and rate * period <= ROWS_PER_PARTITION]
+    return fitting[-1] if fitting else PERIODS[0]
+
+
+def _new_partition(
+    connection: Connection, kind: str, at: datetime, period: int, previous: Partition | None
+) -> Partition:
+    epoch = int(at.replace(tzinfo=timezone.utc).timestamp())
+    start = datetime.fromtimestamp(epoch - epoch % period, timezone.utc).replace(tzinfo=None)
+    if previous is not None and start < previous.ends_at <= at:
+        start = previous.ends_at  # no overlap with the partition before it when the period grew
+    end = datetime.fromtimestamp(epoch - epoch % period + period, timezone.utc).replace(tzinfo=None)
+    partition = Partition(f"message_log_{kind}_{start:%Y%m%d%H%M}_{int((end - start).total_seconds())}", kind,
+                          start, end)
+    table = partition.table
+    connection.execute(CreateTable(table, if_not_exists=True))
+    for index in table.indexes:
+        connection.execute(CreateIndex(index, if_not_exists=True))
+    connection.execute(dialect_insert(connection)(PARTITIONS).values(
+        name=partition.name, kind=kind, starts_at=partition.starts_at, ends_at=partition.ends_at,
+    ).on_conflict_do_nothing())
+    return partition
+
+
+def expired_partitions(connection: Connection, kept_for: dict[str, float], now: datetime) -> list[Partition]:
+    """Partitions whose whole period is older than their kind's retention, oldest first."""
+    return [partition for partition in reversed(kept_partitions(connection))
+            if partition.ends_at <= now - timedelta(seconds=kept_for[partition.kind])]
+
+
+def partition_states(engine: Engine, partition: Partition) -> dict[str, int]:
+    """How many messages of each state a partition holds (one read of the table, outside any write)."""
+    table = partition.table
+    with engine.connect() as connection:
+        return {STATE_OF_CODE[code]: count for code, count in connection.execute(
+            select(table.c.state, func.count()).group_by(table.c.state))}
+
+
+def record_user_sources(engine: Engine, partition: Partition, *, batch: int = 5_000) -> int:
+    """Keep the (user, source) pairs of a partition about to be dropped, so a later deletion request still finds
+    every source that saw the user. Read outside any write; written ``batch`` pairs per transaction."""
+    table = partition.table
+    with engine.connect() as connection:
+        pairs = connection.execute(select(table.c.user_key, table.c.source_id).distinct().where(
+            table.c.user_key.is_not(None), table.c.source_id.is_not(None))).all()
+    for start in range(0, len(pairs), batch):
+        with engine.begin() as connection:
+            connection.execute(dialect_insert(connection)(USER_SOURCE_KEYS).on_conflict_do_nothing(), [
+                {"user_key": user_key, "source_id": source_id} for user_key, source_id in pairs[start:start + batch]])
+    return len(pairs)
+
+
+def drop_partition(engine: Engine, partition: Partition) -> None:
+    """Drop a partition's table and its entry in one transaction."""
+    with engine.begin() as connection:
+        connection.execute(delete(PARTITIONS).where(PARTITIONS.c.name == partition.name))
+        connection.exec_driver_sql(f'DROP TABLE IF EXISTS "{partition.name}"')
+    with _lock:
+        for store, partitions in _recent.items():
+            _recent[store] = [known for known in partitions if known.name != partition.name]

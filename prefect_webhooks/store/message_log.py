@@ -1,0 +1,362 @@
+"""The message log: every message that left the queue (delivered, filtered or failed), kept for its retention.
+
+The queue (``outbox``) holds what is pending; a message that reaches its outcome moves here in the transaction
+that records it, with every attempt folded into its record. The log is built to be kept and to be looked up:
+
+- **Partitioned by time** (``log_partitions``): one table per kind and period, dropped whole by retention: no
+  per-row delete at the ingest rate, nothing to vacuum.
+- **Compact.** The columns are the lookups' keys (numbers) and one compressed record (``log_records``): about 170
+  bytes for a seed-sized track message with its attempt. Destinations and sources are small numbers
+  (``message_log_names``).
+- **Looked up by index.** Each partition has three small indexes: messageId key, user key, and (destination, time).
+  A lookup probes each partition kept (a handful: 5 for the default 24 h, 8 for failed messages' 7 d).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, literal, select, text, union_all
+from sqlalchemy.engine import Connection
+
+from prefect_webhooks.messages.outcomes import Attempt
+from prefect_webhooks.store.bulk_insert import insert_rows
+from prefect_webhooks.store.log_partitions import (
+    KIND_OF_STATE,
+    STATE_CODES,
+    STATE_OF_CODE,
+    Partition,
+    _store,
+    kept_partitions,
+    partition_table,
+    partitions_for,
+)
+from prefect_webhooks.store.log_records import (
+    PackedRecord,
+    RecordContent,
+    epoch_ms,
+    from_epoch_ms,
+    pack_record,
+    text_key,
+)
+from prefect_webhooks.store.tables import (
+    DeliveryAttempt,
+    LogName,
+    LogPartition,
+    OutboxMessage,
+    UserSourceKey,
+    dialect_insert,
+)
+
+OUTBOX = OutboxMessage.__table__
+ATTEMPTS = DeliveryAttempt.__table__
+PARTITIONS = LogPartition.__table__
+NAMES = LogName.__table__
+USER_SOURCE_KEYS = UserSourceKey.__table__
+
+_names: dict[tuple[str, str], int] = {}  # (store, name) -> id; ids are never reused
+_lock = threading.Lock()
+
+
+def name_ids(connection: Connection, names: Iterable[str]) -> dict[str, int]:
+    """The numbers of ``names`` (destinations, sources, URLs), given one in the caller's transaction the first time
+    each is seen. Only a number read as already committed is remembered by the process (a rolled-back transaction
+    takes its new numbers with it)."""
+    store = _store(connection)
+    wanted = set(names)
+    found = {name: _names[store, name] for name in wanted if (store, name) in _names}
+    missing = sorted(wanted - set(found))
+    if not missing:
+        return found
+    committed = dict(connection.execute(select(NAMES.c.name, NAMES.c.id).where(NAMES.c.name.in_(missing))).all())
+    with _lock:
+        for name, name_id in committed.items():
+            _names[store, name] = name_id
+    found.update(committed)
+    new = [name for name in missing if name not in committed]
+    if new:
+        connection.execute(dialect_insert(connection)(NAMES).on_conflict_do_nothing(), [{"name": name} for name in new])
+        found.update(connection.execute(select(NAMES.c.name, NAMES.c.id).where(NAMES.c.name.in_(new))).all())
+    return found
+
+
+def names_of(connection: Connection, ids: Iterable[int]) -> dict[int, str]:
+    """The names of numbers ``name_ids`` gave."""
+    wanted = sorted({code for code in ids if code is not None})
+    if not wanted:
+        return {}
+    return dict(connection.execute(select(NAMES.c.id, NAMES.c.name).where(NAMES.c.id.in_(wanted))).all())
+
+
+@dataclass(slots=True)
+class Leaving:
+    """A queued message reaching its outcome: what the log keeps besides what the queue row holds.
+
+    Attributes:
+        id: The queue row.
+        state: delivered, filtered or failed.
+        reason: Why it failed or was filtered.
+        attempts: Attempts made; None keeps the queue row's count and first attempt time (a filtered message).
+        first_attempt_at: When it was first attempted.
+        finished_at: When it got there (naive UTC).
+        purge: Keep no personal data (body, user id, messageId): a deletion request dropped it.
+    """
+
+    id: int
+    state: str
+    reason: str | None
+    attempts: int | None
+    first_attempt_at: datetime | None
+    finished_at: datetime
+    purge: bool = False
+
+
+_QUEUED_COLUMNS = (OUTBOX.c.id, OUTBOX.c.destination, OUTBOX.c.source, OUTBOX.c.message_type, OUTBOX.c.message_id,
+                   OUTBOX.c.user_id, OUTBOX.c.body, OUTBOX.c.created_at, OUTBOX.c.attempts, OUTBOX.c.first_attempt_at)
+_ATTEMPT_COLUMNS = (ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code,
+                    ATTEMPTS.c.error, ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome)
+
+
+def move_to_log(
+    connection: Connection,
+    leaving: Sequence[Leaving],
+    new_attempts: Sequence[Attempt] = (),
+    *,
+    only_pending: bool = True,
+) -> dict[tuple[str, str], int]:
+    """Move ``leaving`` from the queue to the log in the caller's transaction, with their attempts.
+
+    Args:
+        connection: The caller's transaction.
+        leaving: The messages and their outcomes.
+        new_attempts: Attempts of this batch not yet written; those of other rows are ignored.
+        only_pending: Move only rows still pending (a row a deletion purged meanwhile has already left).
+
+    Returns:
+        ``{(destination, state): moved}``: only rows that were still queued count.
+    """
+    by_id = {row.id: row for row in leaving}
+    if not by_id:
+        return {}
+    ids = sorted(by_id)
+    removal = delete(OUTBOX).where(OUTBOX.c.id.in_(ids))
+    if only_pending:
+        removal = removal.where(OUTBOX.c.state == "pending")
+    queued = connection.execute(removal.returning(*_QUEUED_COLUMNS)).all()
+    if not queued:
+        return {}
+    moved_ids = [row[0] for row in queued]
+    partitions = partitions_for(connection, {(KIND_OF_STATE[row.state], row.finished_at) for row in leaving})
+    tries: dict[int, list[Attempt]] = {}
+    for outbox_id, at, url, status, error, latency, outcome in connection.execute(
+            delete(ATTEMPTS).where(ATTEMPTS.c.outbox_id.in_(moved_ids)).returning(*_ATTEMPT_COLUMNS)):
+        tries.setdefault(outbox_id, []).append(Attempt(outbox_id, _as_datetime(at), url, status, error, latency,
+                                                       outcome))
+    for attempt in new_attempts:
+        if attempt.outbox_id in by_id:
+            tries.setdefault(attempt.outbox_id, []).append(attempt)
+    names = name_ids(connection, {name for row in queued for name in (row[1], row[2]) if name is not None}
+                     | {attempt.url for attempts in tries.values() for attempt in attempts})
+    rows_by_partition: dict[str, list[dict[str, Any]]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for outbox_id, destination, source, message_type, message_id, user_id, body, created_at, attempts, first in queued:
+        outcome = by_id[outbox_id]
+        partition = partitions[KIND_OF_STATE[outcome.state], outcome.finished_at]
+        purge = outcome.purge
+        content = RecordContent(
+            message_type=message_type, source=source, message_id=None if purge else message_id,
+            user_id=None if purge else user_id, reason=outcome.reason,
+            attempts=attempts if outcome.attempts is None else outcome.attempts, created_at=_as_datetime(created_at),
+            first_attempt_at=_maybe_datetime(first) if outcome.attempts is None else outcome.first_attempt_at,
+            body=None if purge or body is None else bytes(body),
+            tries=sorted(tries.get(outbox_id, []), key=lambda attempt: attempt.attempted_at),
+        )
+        rows_by_partition.setdefault(partition.name, []).append({
+            "id": outbox_id, "destination_id": names[destination], "state": STATE_CODES[outcome.state],
+            "finished_ms": epoch_ms(outcome.finished_at), "message_key": text_key(content.message_id),
+            "user_key": text_key(content.user_id), "source_id": names[source] if source is not None else None,
+            "record": pack_record(content, outcome.finished_at, names),
+        })
+        counts[destination, outcome.state] = counts.get((destination, outcome.state), 0) + 1
+    for name, rows in rows_by_partition.items():
+        insert_rows(connection, partition_table(name), rows)
+    return counts
+
+
+def _as_datetime(value: datetime | str) -> datetime:
+    # Raw SQL hands back SQLite's DATETIME text.
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def _maybe_datetime(value: datetime | str | None) -> datetime | None:
+    return None if value is None else _as_datetime(value)
+
+
+@dataclass(slots=True)
+class KeptMessage:
+    """A message in the log, decoded.
+
+    Attributes:
+        id: Its number (the queue row's id, kept: the webhook's message id is built from it).
+        destination: The destination block name.
+        state: delivered, filtered or failed.
+        finished_at: When it got there (naive UTC).
+        content: Everything else: type, ids, reason, times, body and attempts.
+        partition: The partition that holds it.
+    """
+
+    id: int
+    destination: str
+    state: str
+    finished_at: datetime
+    content: RecordContent
+    partition: str
+
+
+def decode_rows(
+    connection: Connection, rows: Sequence[Any], partitions: Partition | Mapping[str, Partition]
+) -> list[KeptMessage]:
+    """Rows read from a partition (or, with a ``partition`` column naming theirs, from several) as kept messages:
+    records decoded, names looked up."""
+    records = [PackedRecord.read(row.record) for row in rows]
+    names = names_of(connection, {row.destination_id for row in rows} | {row.source_id for row in rows}
+                     | {code for record in records for code in record.url_codes})
+    kept = []
+    for row, record in zip(rows, records, strict=True):
+        finished_at = from_epoch_ms(row.finished_ms) or datetime.min
+        source = names.get(row.source_id) if row.source_id is not None else None
+        partition = partitions if isinstance(partitions, Partition) else partitions[row.partition]
+        kept.append(KeptMessage(row.id, names.get(row.destination_id, "?"), STATE_OF_CODE[row.state], finished_at,
+                                record.content(row.id, finished_at, source, names), partition.name))
+    return kept
+
+
+def find_kept(
+    connection: Connection,
+    *,
+    ids: Sequence[int] | None = None,
+    message_id: str | None = None,
+    user_id: str | None = None,
+    destination: str | None = None,
+    states: Sequence[str] | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int | None = None,
+) -> list[KeptMessage]:
+    """Kept messages matching every filter given, newest partition first (each by index; no filter: all).
+
+    Args:
+        connection: The store.
+        ids: These messages' numbers.
+        message_id: The messageId (exact).
+        user_id: The user (userId, or anonymousId without one).
+        destination: The destination block name.
+        states: delivered, filtered, failed.
+        since: Finished at or after (naive UTC).
+        until: Finished before (naive UTC).
+        limit: At most this many.
+    """
+    destination_id = None
+    if destination is not None:
+        destination_id = connection.execute(select(NAMES.c.id).where(NAMES.c.name == destination)).scalar()
+        if destination_id is None:
+            return []
+    kinds = {KIND_OF_STATE[state] for state in states} if states else None
+    partitions = [partition for partition in kept_partitions(connection, since=since, until=until)
+                  if kinds is None or partition.kind in kinds]
+    found: list[KeptMessage] = []
+    # One statement per group of partitions (SQLite's limit on a compound select is 500 terms); each term takes its
+    # own newest ``limit`` rows through its index, the statement the newest of those.
+    for start in range(0, len(partitions), PARTITIONS_PER_STATEMENT):
+        group = partitions[start:start + PARTITIONS_PER_STATEMENT]
+        terms = [_matching(partition, ids, message_id, user_id, destination_id, states, since, until, limit)
+                 for partition in group]
+        statement = terms[0] if len(terms) == 1 else union_all(*terms)
+        ordered = select(statement.subquery()).order_by(text("finished_ms DESC"), text("id DESC"))
+        if limit is not None:
+            ordered = ordered.limit(limit)
+        by_name = {partition.name: partition for partition in group}
+        rows = connection.execute(ordered).all()
+        kept = decode_rows(connection, rows, by_name)
+        # A key shared by two different ids (1 in 2^64) must not show the other's message.
+        found.extend(message for message in kept
+                     if (message_id is None or message.content.message_id == message_id)
+                     and (user_id is None or message.content.user_id == user_id))
+        if limit is not None and len(found) >= limit:
+            return found[:limit]
+    return found
+
+
+PARTITIONS_PER_STATEMENT = 200
+
+
+def _matching(
+    partition: Partition,
+    ids: Sequence[int] | None,
+    message_id: str | None,
+    user_id: str | None,
+    destination_id: int | None,
+    states: Sequence[str] | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int | None,
+) -> Any:
+    """One partition's part of ``find_kept``: its matching rows, newest first, at most ``limit``."""
+    table = partition.table
+    query = select(table, literal(partition.name).label("partition"))
+    if ids is not None:
+        query = query.where(table.c.id.in_(list(ids)))
+    if message_id is not None:
+        query = query.where(table.c.message_key == text_key(message_id))
+    if user_id is not None:
+        query = query.where(table.c.user_key == text_key(user_id))
+    if destination_id is not None:
+        query = query.where(table.c.destination_id == destination_id)
+    if states:
+        query = query.where(table.c.state.in_([STATE_CODES[state] for state in states]))
+    if since is not None:
+        query = query.where(table.c.finished_ms >= epoch_ms(since))
+    if until is not None:
+        query = query.where(table.c.finished_ms < epoch_ms(until))
+    if limit is None:
+        return query
+    # A term of a compound select cannot order or limit itself: as a subquery it can.
+    return select(query.order_by(table.c.finished_ms.desc(), table.c.id.desc()).limit(limit).subquery())
+
+
+def purge_kept(connection: Connection, user_id: str) -> int:
+    """Remove the user's personal data (body, user id, messageId) from every kept message about the user, in the
+    caller's transaction; returns how many messages."""
+    purged = 0
+    key = text_key(user_id)
+    for partition in kept_partitions(connection):
+        table = partition.table
+        for message in decode_rows(connection, connection.execute(select(table).where(
+                table.c.user_key == key)).all(), partition):
+            if message.content.user_id != user_id:
+                continue
+            content = message.content
+            content.body = content.user_id = content.message_id = None
+            codes = name_ids(connection, {attempt.url for attempt in content.tries})
+            connection.execute(table.update().where(table.c.id == message.id).values(
+                record=pack_record(content, message.finished_at, codes), user_key=None, message_key=None))
+            purged += 1
+    return purged
+
+
+def pruned_sources(connection: Connection, user_id: str) -> set[str]:
+    """The sources retention recorded for the user when it dropped partitions holding the user's messages."""
+    query = (select(NAMES.c.name).join(USER_SOURCE_KEYS, USER_SOURCE_KEYS.c.source_id == NAMES.c.id)
+             .where(USER_SOURCE_KEYS.c.user_key == text_key(user_id)))
+    return set(connection.execute(query).scalars())
+
+
+def forget_pruned_sources(connection: Connection, user_id: str) -> None:
+    """Remove what ``pruned_sources`` finds for the user (a deletion request processed)."""
+    connection.execute(delete(USER_SOURCE_KEYS).where(USER_SOURCE_KEYS.c.user_key == text_key(user_id)))
+
+

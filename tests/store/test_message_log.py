@@ -1,0 +1,186 @@
+"""The message log beside the queue: what leaves the queue, how it is kept and found, and an older store upgraded."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import orjson
+import pytest
+from sqlalchemy import func, select, text
+
+from prefect_webhooks.messages.outcomes import (
+    DELIVERED,
+    FAILED,
+    FILTERED,
+    PENDING,
+    Attempt,
+    Delivered,
+    Failed,
+    Filtered,
+    OutcomeRecords,
+)
+from prefect_webhooks.messages.payloads import serialize
+from prefect_webhooks.store.engines import dispose_engines, get_engine
+from prefect_webhooks.store.log_partitions import kept_partitions, partition_period
+from prefect_webhooks.store.log_records import PackedRecord, RecordContent, pack_record
+from prefect_webhooks.store.message_log import find_kept
+from prefect_webhooks.store.outbox import (
+    ATTEMPTS,
+    OUTBOX,
+    add_to_outbox,
+    claim_due_deliveries,
+    enqueue,
+    outbox_rows,
+    record_outcomes,
+)
+from prefect_webhooks.store.replay import replay_failed
+from prefect_webhooks.store.tables import store_now
+from tests.stored import every_attempt, every_message, to_ms
+
+
+def track(user: str, n: int = 0) -> dict:
+    return {"version": 1, "type": "track", "userId": user, "timestamp": "2026-11-26T10:00:00.000Z",
+            "event": "Order Completed", "properties": {"revenue": 19.99, "currency": "EUR", "n": n}}
+
+
+def deliver_all(engine, outcomes: dict[int, str]) -> None:  # type: ignore[no-untyped-def]
+    """Claim every due message and give each the outcome ``outcomes`` names (delivered by default)."""
+    claimed = claim_due_deliveries(engine, 1000, "test")
+    now = store_now()
+    records = OutcomeRecords()
+    for row in claimed:
+        outcome = outcomes.get(row.id, DELIVERED)
+        if outcome == DELIVERED:
+            records.delivered.append(Delivered(row.id, 1, now, now, row.destination))
+        elif outcome == FAILED:
+            records.failed.append(Failed(row.id, "permanent: HTTP 410", 1, now, row.destination))
+        else:
+            records.filtered.append(Filtered(row.id, "filtered: drop rule 'debug'", row.destination))
+        if outcome != FILTERED:
+            records.attempts.append(Attempt(row.id, now, "https://hooks.example.com/in", 200 if outcome == DELIVERED
+                                            else 410, None, 12.5, "delivered" if outcome == DELIVERED else "permanent"))
+    record_outcomes(engine, records)
+
+
+def test_a_finished_message_leaves_the_queue_with_its_attempts_and_keeps_its_id(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u1"), track("u2"), track("u3"), track("u4")], source="web")
+    deliver_all(engine, {2: FAILED, 3: FILTERED})
+    with engine.connect() as connection:
+        queued = connection.execute(select(OUTBOX.c.id, OUTBOX.c.state)).all()
+        assert connection.execute(select(func.count()).select_from(ATTEMPTS)).scalar_one() == 0
+        kept = {message.id: message for message in find_kept(connection)}
+    assert queued == []
+    assert {i: kept[i].state for i in kept} == {1: DELIVERED, 2: FAILED, 3: FILTERED, 4: DELIVERED}
+    assert kept[2].content.reason == "permanent: HTTP 410" and kept[3].content.tries == []
+    assert orjson.loads(kept[1].content.body or b"") == track("u1")
+    assert [(a.status_code, a.url) for a in kept[1].content.tries] == [(200, "https://hooks.example.com/in")]
+    assert (kept[1].content.source, kept[1].destination, kept[1].content.user_id) == ("web", "crm", "u1")
+    # The next message gets a new id, never one a kept message has (its webhook-id names it to receivers).
+    enqueue("crm", [track("u5")], source="web")
+    assert [message.id for message in every_message(engine, state=PENDING)] == [5]
+
+
+def test_a_new_id_after_a_restart_with_an_empty_queue_is_still_new(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u1"), track("u2")])
+    deliver_all(engine, {})
+    dispose_engines()
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u3")])
+    assert [message.id for message in every_message(engine)] == [1, 2, 3]
+
+
+def test_lookups_by_message_id_user_and_destination_and_time(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    with engine.begin() as connection:
+        add_to_outbox(connection, outbox_rows("crm", [track("ann", n) for n in range(3)], source="web",
+                                              message_ids=["m-0", "m-1", "m-2"]))
+        add_to_outbox(connection, outbox_rows("ads", [track("bob")], source="ios", message_ids=["m-3"]))
+    deliver_all(engine, {})
+    before = store_now() - timedelta(minutes=1)
+    with engine.connect() as connection:
+        (found,) = find_kept(connection, message_id="m-1")
+        assert (found.id, found.content.user_id, found.destination) == (2, "ann", "crm")
+        assert [m.id for m in find_kept(connection, user_id="ann")] == [3, 2, 1]  # newest first
+        assert [m.id for m in find_kept(connection, user_id="ann", limit=2)] == [3, 2]
+        assert [m.id for m in find_kept(connection, destination="ads", since=before)] == [4]
+        assert find_kept(connection, destination="ads", until=before) == []
+        assert find_kept(connection, destination="nowhere") == []
+        assert find_kept(connection, message_id="m-9") == []
+        assert [m.id for m in find_kept(connection, states=[FAILED])] == []
+
+
+def test_a_seed_sized_record_is_compact_and_reads_back_whole() -> None:
+    now = store_now()
+    body = serialize(track("user-4711"))
+    content = RecordContent("track", "web-app", "0b6e3f0c-5d4c-4c7e-9c55-0d5a4bd1f7a2", "user-4711", None, 1,
+                            to_ms(now), to_ms(now), body,
+                            [Attempt(0, to_ms(now), "https://hooks.example.com/in", 200, None, 12.5, "delivered")])
+    url = content.tries[0].url
+    record = pack_record(content, to_ms(now), {url: 7})
+    # The body alone is 150 bytes; with the ids, times and the attempt the record stays well under it.
+    assert len(body) >= 150 and len(record) < len(body) - 20
+    assert PackedRecord.read(record).content(0, to_ms(now), "web-app", {7: url}) == content
+
+
+@pytest.mark.parametrize(("kept_for", "period"), [(60, 60), (3600, 900), (86400, 21600), (7 * 86400, 86400),
+                                                  (90 * 86400, 86400), (1, 60)])
+def test_a_partition_covers_at_most_a_quarter_of_the_retention(kept_for: float, period: int) -> None:
+    assert partition_period(kept_for) == period
+
+
+def test_an_older_store_is_upgraded_with_nothing_lost(backend_url: str) -> None:
+    """A store as the previous release left it: every outcome in the queue's rows, attempts beside them, and (on
+    SQLite) a queue whose highest id SQLite would hand out again."""
+    engine = get_engine(backend_url)
+    enqueue("crm", [track(f"u{n}") for n in range(6)], source="web")
+    finished = store_now() - timedelta(hours=2)
+    with engine.begin() as connection:
+        connection.execute(OUTBOX.update().where(OUTBOX.c.id <= 3).values(
+            state=DELIVERED, attempts=1, first_attempt_at=finished, next_attempt_at=finished))
+        connection.execute(OUTBOX.update().where(OUTBOX.c.id == 4).values(
+            state=FAILED, reason="expired: HTTP 503", attempts=3, first_attempt_at=finished, next_attempt_at=finished))
+        connection.execute(ATTEMPTS.insert(), [
+            {"outbox_id": i, "attempted_at": finished, "url": "https://hooks.example.com/in", "status_code": 200,
+             "error": None, "latency_ms": 3.0, "outcome": "delivered"} for i in (1, 2, 3)])
+        connection.execute(ATTEMPTS.insert(), [
+            {"outbox_id": 4, "attempted_at": finished - timedelta(minutes=m), "url": "https://hooks.example.com/in",
+             "status_code": 503, "error": None, "latency_ms": 3.0, "outcome": "retry"} for m in (0, 10, 20)])
+        connection.execute(ATTEMPTS.insert(), [
+            {"outbox_id": 5, "attempted_at": finished, "url": "https://hooks.example.com/in", "status_code": 503,
+             "error": None, "latency_ms": 3.0, "outcome": "retry"}])
+        for name in [p.name for p in kept_partitions(connection)]:
+            connection.exec_driver_sql(f'DROP TABLE "{name}"')
+        connection.exec_driver_sql("DELETE FROM message_log_partitions")
+        if engine.dialect.name == "sqlite":
+            # The previous release's queue: a plain INTEGER PRIMARY KEY, no AUTOINCREMENT.
+            connection.exec_driver_sql("ALTER TABLE outbox RENAME TO outbox_new")
+            made = connection.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE name = 'outbox_new'").scalar_one()
+            connection.exec_driver_sql(made.replace("outbox_new", "outbox").replace(" AUTOINCREMENT", ""))
+            connection.exec_driver_sql("INSERT INTO outbox SELECT * FROM outbox_new")
+            connection.exec_driver_sql("DROP TABLE outbox_new")
+            connection.exec_driver_sql("DELETE FROM sqlite_sequence WHERE name IN ('outbox', 'outbox_new')")
+    dispose_engines()
+
+    engine = get_engine(backend_url)  # what serve does at its start
+    messages = {message.id: message for message in every_message(engine)}
+    assert {i: m.state for i, m in messages.items()} == {
+        1: DELIVERED, 2: DELIVERED, 3: DELIVERED, 4: FAILED, 5: PENDING, 6: PENDING}
+    with engine.connect() as connection:
+        assert connection.execute(select(OUTBOX.c.id).order_by(OUTBOX.c.id)).scalars().all() == [5, 6]
+        if engine.dialect.name == "sqlite":
+            assert "AUTOINCREMENT" in connection.execute(text(
+                "SELECT sql FROM sqlite_master WHERE name = 'outbox'")).scalar_one()
+    assert [a.status_code for a in every_attempt(engine) if a.outbox_id == 4] == [503, 503, 503]
+    assert [a.outbox_id for a in every_attempt(engine, status_code=200)] == [1, 2, 3]
+    # The pending ones are delivered as before; the failed one can be replayed; no id is given twice.
+    deliver_all(engine, {})
+    assert replay_failed("crm") == 1
+    deliver_all(engine, {})
+    enqueue("crm", [track("new")])
+    assert [(m.id, m.state) for m in every_message(engine)] == [(i, DELIVERED) for i in range(1, 7)] + [(7, PENDING)]
+    # A second start finds nothing left to do.
+    dispose_engines()
+    assert len(every_message(get_engine(backend_url))) == 7

@@ -10,7 +10,9 @@ after three), finished evenly over the retention (24 h for delivered, 7 d for fa
 log's partitions the way delivery leaves them.
 
 A measuring run prints, beside our figures, the same history in the previous release's layout (one queue table
-holding every outcome, an attempts table, both with their indexes) in a scratch store of the same run.
+holding every outcome, an attempts table, both with their indexes) in a scratch store of the same run; and the
+hot path on the aged store beside the same store with nothing kept but its newest partition (the one deliveries
+write to) and beside a brand-new store.
 """
 
 from __future__ import annotations
@@ -263,21 +265,44 @@ def main() -> int:
     for name, values in lookup_times(aged, args.probes).items():
         print(f"lookup by {name}: p50 {statistics.median(values):.2f} ms, p99 {quantile(values, 0.99):.2f} ms "
               f"({len(values)} probes, {args.kept:,} kept)")
-    fresh = f"sqlite:///{scratch / 'fresh.db'}" if aged.startswith("sqlite") else aged
-    if fresh != aged:
-        # Each run in a process of its own, fresh and aged in turn: a process that built the history, or ran first,
-        # is not the same process as one that did not.
-        rates: dict[str, list[float]] = {"fresh": [], "aged": []}
+    if aged.startswith("sqlite"):
+        stores = {"new": f"sqlite:///{scratch / 'new.db'}", "tail": tail_only_copy(aged, scratch / "tail.db"),
+                  "aged": aged}
+        # Each run in a process of its own, the stores in turn: a process that built the history, or ran first, is
+        # not the same process as one that did not.
+        rates: dict[str, list[float]] = {name: [] for name in stores}
         for _ in range(args.rounds):
-            for name, url in (("fresh", fresh), ("aged", aged)):
+            for name, url in stores.items():
                 answer = subprocess.run([sys.executable, __file__, "--hot-path-only", url, "--hot-messages",
                                          str(args.hot_messages)], capture_output=True, text=True, check=True)
                 rates[name].append(float(answer.stdout.strip().splitlines()[-1]))
-        fresh_rate, aged_rate = statistics.median(rates["fresh"]), statistics.median(rates["aged"])
-        print(f"hot path (enqueue, claim, record delivered), {args.hot_messages:,} messages, median of "
-              f"{args.rounds} runs each: fresh store {fresh_rate:,.0f}/s, with {args.kept:,} kept "
-              f"{aged_rate:,.0f}/s ({aged_rate / fresh_rate:.0%} of fresh; runs {rates})")
+        median = {name: statistics.median(values) for name, values in rates.items()}
+        print(f"hot path (enqueue, claim, record delivered), {args.hot_messages:,} messages, median of {args.rounds} "
+              f"runs each: nothing kept, same newest partition {median['tail']:,.0f}/s; with {args.kept:,} kept "
+              f"{median['aged']:,.0f}/s ({median['aged'] / median['tail']:.0%}); a brand-new store (empty newest "
+              f"partition) {median['new']:,.0f}/s; runs {({k: [round(v) for v in vs] for k, vs in rates.items()})}")
     return 0
+
+
+def tail_only_copy(aged: str, path: Path) -> str:
+    """A copy of the aged store that keeps nothing but its newest partition (the one deliveries write to): the
+    store with nothing kept that an aged one is compared with, its live partition the same."""
+    import shutil
+    import sqlite3
+
+    source = aged.split("///", 1)[1]
+    with sqlite3.connect(source) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    shutil.copyfile(source, path)
+    db = sqlite3.connect(path)
+    names = [row[0] for row in db.execute("SELECT name FROM message_log_partitions ORDER BY starts_at DESC")]
+    for name in names[1:]:
+        db.execute(f'DROP TABLE "{name}"')
+        db.execute("DELETE FROM message_log_partitions WHERE name = ?", (name,))
+    db.commit()
+    db.execute("VACUUM")
+    db.close()
+    return f"sqlite:///{path}"
 
 
 if __name__ == "__main__":

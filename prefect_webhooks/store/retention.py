@@ -37,10 +37,12 @@ from prefect_webhooks.store.leases import release_lease, take_lease
 from prefect_webhooks.store.log_partitions import (
     KIND_OF_STATE,
     drop_partition,
+    drop_unlisted,
     expired_partitions,
     kept_partitions,
     partition_states,
     record_user_sources,
+    unlisted_partitions,
 )
 from prefect_webhooks.store.minute_counts import prune_minutes
 from prefect_webhooks.store.tables import OutboxMessage, SeenMessage, store_now
@@ -181,6 +183,8 @@ def prune_store(
     now = now or store_now()
     kept_for = {"delivered": policy.delivered_seconds, "failed": policy.failed_seconds}
     try:
+        for name in unlisted_partitions(engine):
+            drop_unlisted(engine, name)
         with engine.connect() as connection:
             expired = expired_partitions(connection, kept_for, now)
         for partition in expired:

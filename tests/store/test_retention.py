@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, inspect, select, update
 
 from prefect_webhooks.deletions.processing import process_deletion, sources_with_events
 from prefect_webhooks.deletions.requests import pending_requests, request_deletion
@@ -29,7 +29,7 @@ from prefect_webhooks.store.leases import release_lease, take_lease
 from prefect_webhooks.store.log_partitions import kept_partitions
 from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue, record_outcomes
 from prefect_webhooks.store.retention import PRUNE_LEASE, SEEN, RetentionPolicy, prune_store
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.tables import LogPartition, store_now
 from tests.stored import every_attempt, every_message
 from tests.stored import finish as finish_at
 
@@ -139,6 +139,19 @@ def test_an_unscoped_deletion_still_finds_sources_whose_rows_were_pruned(backend
     process_deletion(request, {"ios": [], "web": []})
     # The deletion removed what retention remembered about the user.
     assert sources_with_events("anna") == []
+
+
+def test_a_partition_a_stopped_pass_left_unlisted_is_dropped_by_the_next(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u")], source="web")
+    finish(engine, [DELIVERED])
+    (name,) = partition_names(engine)
+    with engine.begin() as connection:
+        # A pass stopped after taking the partition out of the list, before dropping its table.
+        connection.execute(delete(LogPartition.__table__))
+    assert name in inspect(engine).get_table_names()
+    prune_store(engine, POLICY)
+    assert name not in inspect(engine).get_table_names()
 
 
 def test_remembered_message_ids_expire_in_bounded_batches(backend_url: str) -> None:

@@ -5,8 +5,8 @@ messages, ``failed`` the failed ones: each kind has its own retention) whose per
 transaction that needs a partition makes it. A period (``PERIODS``: a minute to a day) is at most a quarter of the
 kind's retention, so retention, which drops a partition whole once all of its period is older than the retention,
 keeps a message for its retention and at most a quarter more; and short enough that a partition holds about
-``ROWS_PER_PARTITION`` messages at the rate the last one filled. Before a partition goes, its (user, source) pairs are kept by user key, so an unscoped deletion request still
-finds every source that saw the user.
+``ROWS_PER_PARTITION`` messages at the rate the last one filled. Before a partition goes, its (user, source) pairs
+are kept by user key, so an unscoped deletion request still finds every source that saw the user.
 
 A process remembers only partitions it read as committed, and consults that list only for recent times (an older
 partition may have been dropped by retention since), so a rolled-back batch never leaves it believing in a table

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from prefect_webhooks.commands.endpoints import endpoint_app
+from prefect_webhooks.commands.messages import messages_app
 from prefect_webhooks.commands.named_blocks import named_block
 from prefect_webhooks.commands.replay import replay
 from prefect_webhooks.serving.service import DEFAULT_GRACE_SECONDS
@@ -38,6 +39,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(endpoint_app, name="endpoint")
+app.add_typer(messages_app, name="messages")
 
 HostOption = Annotated[
     str | None,

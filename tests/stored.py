@@ -6,7 +6,7 @@ asks "what happened to each message" reads both through these, never one table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +15,7 @@ from sqlalchemy.engine import Engine
 
 from prefect_webhooks.messages.outcomes import Attempt
 from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.lookups import StoredMessage, find_messages
 from prefect_webhooks.store.message_log import find_kept
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage
 
@@ -23,43 +24,34 @@ ATTEMPTS = DeliveryAttempt.__table__
 
 
 @dataclass
-class StoredMessage:
-    """A message as a test sees it, wherever the store keeps it (the queue's column names)."""
+class StoredRow(StoredMessage):
+    """A message as a test sees it: the store's answer, and the queue's lease of a queued one."""
 
-    id: int
-    destination: str
-    source: str | None
-    message_type: str
-    message_id: str | None
-    user_id: str | None
-    body: bytes | None
-    state: str
-    reason: str | None
-    attempts: int
-    created_at: datetime
-    first_attempt_at: datetime | None
-    next_attempt_at: datetime
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
+
+    @property
+    def next_attempt_at(self) -> datetime:
+        """A queued message's next due time; a kept one's finish time (the queue's column name)."""
+        return self.at
 
 
 def _engine(store: Engine | str | None) -> Engine:
     return store if isinstance(store, Engine) else get_engine(store)
 
 
-def every_message(store: Engine | str | None = None, **filters: Any) -> list[StoredMessage]:
+def every_message(store: Engine | str | None = None, **filters: Any) -> list[StoredRow]:
     """Every message in id order; ``filters`` are attribute values to match (``destination="crm"``)."""
     engine = _engine(store)
     with engine.connect() as connection:
-        queued = [StoredMessage(**row._mapping) for row in connection.execute(select(OUTBOX))]
-        kept = [StoredMessage(id=m.id, destination=m.destination, source=m.content.source,
-                              message_type=m.content.message_type, message_id=m.content.message_id,
-                              user_id=m.content.user_id, body=m.content.body, state=m.state, reason=m.content.reason,
-                              attempts=m.content.attempts, created_at=m.content.created_at,
-                              first_attempt_at=m.content.first_attempt_at, next_attempt_at=m.finished_at)
-                for m in find_kept(connection)]
-    messages = sorted(queued + kept, key=lambda message: message.id)
-    return [m for m in messages if all(getattr(m, name) == value for name, value in filters.items())]
+        messages = find_messages(connection, limit=10**9)
+        leases = {row.id: (row.lease_owner, row.lease_expires_at) for row in connection.execute(
+            select(OUTBOX.c.id, OUTBOX.c.lease_owner, OUTBOX.c.lease_expires_at))}
+    rows = [StoredRow(**{field.name: getattr(message, field.name) for field in fields(message)},
+                      lease_owner=leases.get(message.id, (None, None))[0],
+                      lease_expires_at=leases.get(message.id, (None, None))[1])
+            for message in sorted(messages, key=lambda message: message.id)]
+    return [row for row in rows if all(getattr(row, name) == value for name, value in filters.items())]
 
 
 def every_attempt(store: Engine | str | None = None, **filters: Any) -> list[Attempt]:

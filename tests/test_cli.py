@@ -23,6 +23,7 @@ from tests.docs_pages import page, section
 from tests.servers import free_port
 
 COMMANDS = ("ingest", "serve", "status", "prune", "deploy", "demo", "preview", "replay")
+GROUPS = ("endpoint", "messages")
 
 
 def _script() -> str:
@@ -54,7 +55,7 @@ def test_an_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
 
 def test_every_command_is_listed_in_help() -> None:
     out = _help()
-    assert all(re.search(rf"^\W*{name}\s+\S", out, re.M) for name in COMMANDS), out
+    assert all(re.search(rf"^\W*{name}\s+\S", out, re.M) for name in COMMANDS + GROUPS), out
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -346,3 +347,39 @@ def test_prefects_drain_progress_line_never_closes_a_command() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Still processing items" not in done.stderr and "another warning" in done.stderr
+
+
+def test_messages_list_and_show_find_queued_and_kept_messages_with_their_attempts(tmp_path: Path) -> None:
+    from tests.store.test_message_log import deliver_all, track
+
+    env = _newcomer_env(tmp_path)
+    missing = subprocess.run([_script(), "messages", "list"], env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "messages list: no store at" in missing.stderr
+
+    from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
+
+    engine = get_engine(f"sqlite:///{tmp_path / 'store' / 'webhooks.db'}")
+    with engine.begin() as connection:
+        add_to_outbox(connection, outbox_rows("crm", [track("ann", n) for n in range(3)], source="web",
+                                              message_ids=["m-0", "m-1", "m-2"]))
+    deliver_all(engine, {2: "failed"})
+    with engine.begin() as connection:
+        add_to_outbox(connection, outbox_rows("crm", [track("bob")], source="web", message_ids=["m-3"]))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([_script(), "messages", *args], env=env, capture_output=True, text=True, timeout=60)
+
+    listed = run("list")
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[:2] for line in listed.stdout.splitlines()[2:]] == [
+        ["4", "pending"], ["3", "delivered"], ["2", "failed"], ["1", "delivered"]]
+    failed = json.loads(run("list", "--state", "failed", "--json").stdout)
+    assert [(m["id"], m["reason"], m["tries"][0]["status_code"]) for m in failed] == [(2, "permanent: HTTP 410", 410)]
+    assert [m["id"] for m in json.loads(run("list", "--user", "bob", "--json").stdout)] == [4]
+    shown = run("show", "m-1")
+    assert shown.returncode == 0 and "state: failed" in shown.stdout and "reason: permanent: HTTP 410" in shown.stdout
+    assert "https://hooks.example.com/in      410" in shown.stdout and '"n": 1' in shown.stdout
+    assert json.loads(run("show", "1", "--json").stdout)["messageId"] == "m-0"
+    unknown = run("show", "nope")
+    assert unknown.returncode == 1 and "no message with id or messageId 'nope'" in unknown.stderr
+    assert run("list", "--state", "bogus").returncode == 2

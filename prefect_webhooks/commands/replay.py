@@ -13,7 +13,7 @@ from prefect_webhooks.commands.named_blocks import named_block
 from prefect_webhooks.utilities.prefect_api import exit_without_prefect_api
 
 
-def _moment(text: str | None, option: str) -> datetime | None:
+def time_option(text: str | None, option: str) -> datetime | None:
     """An ISO 8601 time (naive means UTC), or a duration ago such as ``2h`` or ``7d``."""
     from prefect_webhooks.utilities.durations import parse_duration
 
@@ -56,7 +56,7 @@ def replay(
 
     if destination is None and endpoint is None:
         raise typer.BadParameter("give a destination or --endpoint URL")
-    window = {"since": _moment(since, "--since"), "until": _moment(until, "--until")}
+    window = {"since": time_option(since, "--since"), "until": time_option(until, "--until")}
     exit_without_prefect_api("replay")
     # An unknown destination or URL is refused before a run is made: a replay of nothing would look like success.
     if destination is not None:

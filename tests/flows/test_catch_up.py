@@ -22,39 +22,49 @@ from prefect.flow_engine import run_flow
 from prefect_webhooks.flows.deletions import deletions
 
 
+async def written_beside_the_server(write: Any) -> None:
+    """Run ``write(session)`` in a transaction on the test server's database, tried again while the server holds its
+    SQLite write lock a moment ("database is locked", seen under two busy workers)."""
+    from prefect.server.database import provide_database_interface
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in range(20):
+        try:
+            async with provide_database_interface().session_context(begin_transaction=True) as session:
+                await write(session)
+            return
+        except OperationalError:
+            if attempt == 19:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def missed_runs(deployment_id: UUID, slots: int, every: float) -> None:
     """Prefect's scheduler, as it would have run before an outage: ``slots`` runs whose time has passed."""
-    from prefect.server.database import provide_database_interface
     from prefect.server.models.deployments import schedule_runs
 
     now = datetime.now(timezone.utc)
-    database = provide_database_interface()
-    async with database.session_context(begin_transaction=True) as session:
+
+    async def schedule(session: Any) -> None:
         await schedule_runs(session=session, deployment_id=deployment_id,
                             start_time=now - timedelta(seconds=slots * every), end_time=now,
                             min_time=timedelta(seconds=slots * every - 1), min_runs=slots, max_runs=slots)
 
+    await written_beside_the_server(schedule)
+
 
 async def taken_long_ago(flow_run_id: UUID) -> None:
     """Set the run ``Pending`` five minutes ago (the API stamps states with the server's time; the model does not)."""
-    from prefect.server.database import provide_database_interface
     from prefect.server.models.flow_runs import set_flow_run_state
     from prefect.server.schemas.states import State, StateType
-    from sqlalchemy.exc import OperationalError
 
     taken_at = datetime.now(timezone.utc) - timedelta(minutes=5)
     state = State(type=StateType.PENDING, name="Submitting", timestamp=taken_at)
-    # Written beside the test server, which may hold its SQLite database's write lock a moment ("database is locked"
-    # seen once under two busy workers): the write is tried again.
-    for attempt in range(10):
-        try:
-            async with provide_database_interface().session_context(begin_transaction=True) as session:
-                await set_flow_run_state(session=session, flow_run_id=flow_run_id, state=state, force=True)
-            return
-        except OperationalError:
-            if attempt == 9:
-                raise
-            await asyncio.sleep(0.5)
+
+    async def take(session: Any) -> None:
+        await set_flow_run_state(session=session, flow_run_id=flow_run_id, state=state, force=True)
+
+    await written_beside_the_server(take)
 
 
 def runs_of(deployment_id: UUID) -> list[Any]:

@@ -1,0 +1,147 @@
+"""Find messages wherever the store keeps them: queued ones in the queue (``outbox``), the others in the message log.
+
+One answer shape for both (``StoredMessage``), newest first: what ``prefect-webhooks messages`` prints. Every
+filter goes through an index of the queue or of each log partition; nothing scans history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from prefect_webhooks.messages.outcomes import PENDING, Attempt
+from prefect_webhooks.store.message_log import find_kept
+from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, to_store_time
+
+OUTBOX = OutboxMessage.__table__
+ATTEMPTS = DeliveryAttempt.__table__
+
+
+@dataclass
+class StoredMessage:
+    """A message as the store holds it, queued or kept.
+
+    Attributes:
+        id: Its number (the webhook id is ``msg_<store key>_<id>``).
+        destination: The destination block name.
+        source: The source block name it came from, if any.
+        message_type: track, identify, page, screen, group, alias or delete.
+        message_id: The messageId it was sent with, if kept.
+        user_id: The user it is about.
+        state: pending, delivered, filtered or failed.
+        reason: Why it failed, was filtered, or waits (a pending message's last error).
+        attempts: Attempts made.
+        created_at: When it was stored (naive UTC).
+        first_attempt_at: When it was first attempted.
+        at: When it got its outcome; for a pending message, when it is next due.
+        body: The body sent (None once a deletion request purged it).
+        tries: Every attempt, oldest first.
+    """
+
+    id: int
+    destination: str
+    source: str | None
+    message_type: str
+    message_id: str | None
+    user_id: str | None
+    state: str
+    reason: str | None
+    attempts: int
+    created_at: datetime
+    first_attempt_at: datetime | None
+    at: datetime
+    body: bytes | None
+    tries: list[Attempt] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MessageQuery:
+    """Which messages ``find_messages`` answers with: every filter given must match.
+
+    Attributes:
+        ids: These messages' numbers.
+        message_id: The messageId.
+        user_id: The user (userId, or anonymousId without one).
+        destination: The destination block name.
+        states: pending, delivered, filtered, failed.
+        since: At or after (stored, for a pending message; its outcome, for the others).
+        until: Before.
+    """
+
+    ids: Sequence[int] | None = None
+    message_id: str | None = None
+    user_id: str | None = None
+    destination: str | None = None
+    states: Sequence[str] | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def find_messages(connection: Connection, query: MessageQuery | None = None, *, limit: int = 50) -> list[
+        StoredMessage]:
+    """Messages ``query`` matches (all without one), newest first (a pending one by when it was stored, others by
+    when they got their outcome), at most ``limit``.
+
+    Example:
+        ```python
+        from prefect_webhooks.store import get_engine
+        from prefect_webhooks.store.lookups import MessageQuery, find_messages
+
+        with get_engine().connect() as connection:
+            for message in find_messages(connection, MessageQuery(states=["failed"]), limit=10):
+                print(message.id, message.destination, message.reason)
+        ```
+    """
+    query = query or MessageQuery()
+    since = to_store_time(query.since) if query.since is not None else None
+    until = to_store_time(query.until) if query.until is not None else None
+    states = query.states
+    found: list[StoredMessage] = []
+    if not states or PENDING in states:
+        found += _queued(connection, query, since, until, limit)
+    finished = [state for state in states or () if state != PENDING]
+    if not states or finished:
+        found += [
+            StoredMessage(m.id, m.destination, m.content.source, m.content.message_type, m.content.message_id,
+                          m.content.user_id, m.state, m.content.reason, m.content.attempts, m.content.created_at,
+                          m.content.first_attempt_at, m.finished_at, m.content.body, m.content.tries)
+            for m in find_kept(connection, ids=query.ids, message_id=query.message_id, user_id=query.user_id,
+                               destination=query.destination, states=finished or None, since=since, until=until,
+                               limit=limit)]
+    found.sort(key=lambda message: message.created_at if message.state == PENDING else message.at, reverse=True)
+    return found[:limit]
+
+
+def _queued(
+    connection: Connection, query: MessageQuery, since: datetime | None, until: datetime | None, limit: int
+) -> list[StoredMessage]:
+    """Pending messages ``query`` matches, newest first: the queue holds only what is pending, so its size bounds
+    a filter without an index (messageId)."""
+    statement = select(OUTBOX).where(OUTBOX.c.state == PENDING)
+    if query.ids is not None:
+        statement = statement.where(OUTBOX.c.id.in_(list(query.ids)))
+    if query.message_id is not None:
+        statement = statement.where(OUTBOX.c.message_id == query.message_id)
+    if query.user_id is not None:
+        statement = statement.where(OUTBOX.c.user_id == query.user_id)
+    if query.destination is not None:
+        statement = statement.where(OUTBOX.c.destination == query.destination)
+    if since is not None:
+        statement = statement.where(OUTBOX.c.created_at >= since)
+    if until is not None:
+        statement = statement.where(OUTBOX.c.created_at < until)
+    rows = connection.execute(statement.order_by(OUTBOX.c.id.desc()).limit(limit)).all()
+    tries: dict[int, list[Attempt]] = {}
+    if rows:
+        for attempt in connection.execute(select(
+                ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code, ATTEMPTS.c.error,
+                ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome).where(ATTEMPTS.c.outbox_id.in_([row.id for row in rows]))
+                .order_by(ATTEMPTS.c.attempted_at)):
+            tries.setdefault(attempt[0], []).append(Attempt(*attempt))
+    return [StoredMessage(row.id, row.destination, row.source, row.message_type, row.message_id, row.user_id,
+                          row.state, row.reason, row.attempts, row.created_at, row.first_attempt_at,
+                          row.next_attempt_at, row.body, tries.get(row.id, [])) for row in rows]

@@ -400,10 +400,12 @@ async def test_a_steady_stream_is_delivered_in_few_batches_and_a_backlog_in_full
         for n in range(150):
             await asyncio.to_thread(enqueue, "crm", [track(n)])
             await asyncio.sleep(0.01)
-        await asyncio.to_thread(receiver.wait_for, 150, 10)
         stats = await running
-    assert stats.delivered == 150
-    # ~2 s of stream at one claim per 0.25 s at most.
+        # On a busy machine the stream can outlast the 2.2 s run: a second run delivers the rest.
+        rest = await deliver({"crm": block}, run_for_seconds=30, until_empty=True, idle_sleep=0.25, batch_size=50)
+        await asyncio.to_thread(receiver.wait_for, 150, 10)
+    assert stats.delivered + rest.delivered == 150 and stats.delivered > 0
+    # 2.2 s of stream at one claim per 0.25 s at most, however many calls arrived in it.
     assert stats.batches <= 10, stats.summary()
 
     enqueue("crm", [track(n) for n in range(500)])

@@ -116,12 +116,20 @@ def test_sigkill_of_a_delivery_worker_during_a_load(backend_url: str) -> None:
         victim = start_worker(backend_url, destinations, env=env)
         survivor = start_worker(backend_url, destinations, env=env)
         receiver.wait_for(600, timeout=60)
+        victims_rows = select(OUTBOX.c.id, OUTBOX.c.body).where(
+            OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner.like(f"%:{victim.pid}:%"))
+        # Killed while it holds a claim (between two batches it holds none, and the kill would test nothing).
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with get_engine().connect() as connection:
+                if connection.execute(victims_rows.limit(1)).first() is not None:
+                    break
+            time.sleep(0.005)
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         with get_engine().connect() as connection:
-            held = {row.id: orjson.loads(row.body)["properties"]["messageId"] for row in connection.execute(
-                select(OUTBOX.c.id, OUTBOX.c.body).where(
-                    OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner.like(f"%:{victim.pid}:%")))}
+            held = {row.id: orjson.loads(row.body)["properties"]["messageId"]
+                    for row in connection.execute(victims_rows)}
         held_ids = set(held.values())
         worker_result(survivor)
         restarts = 0

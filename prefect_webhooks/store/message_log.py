@@ -51,6 +51,7 @@ from prefect_webhooks.store.tables import (
     OutboxMessage,
     UserSourceKey,
     dialect_insert,
+    read_store_time,
 )
 
 OUTBOX = OutboxMessage.__table__
@@ -155,7 +156,7 @@ def move_to_log(
     tries: dict[int, list[Attempt]] = {}
     for outbox_id, at, url, status, error, latency, outcome in connection.execute(
             delete(ATTEMPTS).where(ATTEMPTS.c.outbox_id.in_(moved_ids)).returning(*_ATTEMPT_COLUMNS)):
-        tries.setdefault(outbox_id, []).append(Attempt(outbox_id, _as_datetime(at), url, status, error, latency,
+        tries.setdefault(outbox_id, []).append(Attempt(outbox_id, read_store_time(at), url, status, error, latency,
                                                        outcome))
     for attempt in new_attempts:
         if attempt.outbox_id in by_id:
@@ -171,8 +172,8 @@ def move_to_log(
         content = RecordContent(
             message_type=message_type, source=source, message_id=None if purge else message_id,
             user_id=None if purge else user_id, reason=outcome.reason,
-            attempts=attempts if outcome.attempts is None else outcome.attempts, created_at=_as_datetime(created_at),
-            first_attempt_at=_maybe_datetime(first) if outcome.attempts is None else outcome.first_attempt_at,
+            attempts=attempts if outcome.attempts is None else outcome.attempts, created_at=read_store_time(created_at),
+            first_attempt_at=read_store_time(first) if outcome.attempts is None else outcome.first_attempt_at,
             body=None if purge or body is None else bytes(body),
             tries=sorted(tries.get(outbox_id, []), key=lambda attempt: attempt.attempted_at),
         )
@@ -186,15 +187,6 @@ def move_to_log(
     for name, rows in rows_by_partition.items():
         insert_rows(connection, partition_table(name), rows)
     return counts
-
-
-def _as_datetime(value: datetime | str) -> datetime:
-    # Raw SQL hands back SQLite's DATETIME text.
-    return datetime.fromisoformat(value) if isinstance(value, str) else value
-
-
-def _maybe_datetime(value: datetime | str | None) -> datetime | None:
-    return None if value is None else _as_datetime(value)
 
 
 @dataclass(slots=True)

@@ -45,7 +45,7 @@ from prefect_webhooks.store.log_partitions import (
     unlisted_partitions,
 )
 from prefect_webhooks.store.minute_counts import prune_minutes
-from prefect_webhooks.store.tables import OutboxMessage, SeenMessage, store_now
+from prefect_webhooks.store.tables import OutboxMessage, SeenMessage, read_store_time, store_now
 
 OUTBOX = OutboxMessage.__table__
 SEEN = SeenMessage.__table__
@@ -242,13 +242,8 @@ def oldest_kept(engine: Engine) -> dict[str, datetime | None]:
             starts = [p.starts_at for p in partitions if p.kind == KIND_OF_STATE[state]]
             found[state] = min(starts) if starts else None
         value = connection.execute(select(func.min(OUTBOX.c.next_attempt_at)).where(OUTBOX.c.state == PENDING))
-        found[PENDING] = _as_datetime(value.scalar())
+        found[PENDING] = read_store_time(value.scalar())
     return found
-
-
-def _as_datetime(value: datetime | str | None) -> datetime | None:
-    # SQLite hands back min() over a datetime column as text.
-    return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
 def _checkpoint(engine: Engine) -> None:

@@ -305,6 +305,12 @@ def store_now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+def read_store_time(value: datetime | str | None) -> datetime | None:
+    """A time read back from the store: SQLite hands back an aggregate (``min()``) or a ``RETURNING`` value of a
+    DATETIME column as its text."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
 def to_store_time(value: datetime) -> datetime:
     """Any datetime as naive UTC for the store."""
     if value.tzinfo is not None:

@@ -63,7 +63,12 @@ def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, ol
     from prefect_webhooks.messages.payloads import serialize
     from prefect_webhooks.store.bulk_insert import insert_rows
     from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_partitions import STATE_CODES, partition_table, partitions_for
+    from prefect_webhooks.store.log_partitions import (
+        STATE_CODES,
+        kept_partitions,
+        partition_table,
+        partitions_for,
+    )
     from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
     from prefect_webhooks.store.message_log import name_ids
     from prefect_webhooks.store.tables import OutboxMessage, store_now
@@ -74,9 +79,13 @@ def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, ol
     now = store_now() - timedelta(seconds=older_than)
     with engine.begin() as connection:
         names = name_ids(connection, DESTINATIONS + SOURCES + URLS)
-        # Ids above the queue's, as delivery would have given them: history never names a queued message.
-        first_id = (connection.exec_driver_sql(f"SELECT coalesce(max(id), 0) FROM {OutboxMessage.__tablename__}")
-                    .scalar_one() + 1_000_000_000)
+        # Ids above the queue's, as delivery would have given them (history never names a queued message), and
+        # above any history an earlier build left: a second build adds to the store.
+        highest = [connection.exec_driver_sql(f"SELECT coalesce(max(id), 0) FROM {OutboxMessage.__tablename__}")
+                   .scalar_one() + 1_000_000_000]
+        highest += [connection.exec_driver_sql(f"SELECT coalesce(max(id), 0) FROM {partition.name}").scalar_one()
+                    for partition in kept_partitions(connection)]
+        first_id = max(highest) + 1
     written = 0
     while written < kept:
         size = min(batch, kept - written)

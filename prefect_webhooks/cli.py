@@ -158,7 +158,8 @@ def status(
         bool, typer.Option("--prometheus", help="Print the Prometheus text instead of a table.")
     ] = False,
 ) -> None:
-    """Print backlog depth, oldest pending age and outcome counts per destination, read from the store.
+    """Print backlog depth, oldest pending age and outcome counts per destination, and how many messages the
+    message log keeps, read from the store.
 
     The store is PREFECT_WEBHOOKS_DATABASE_URL, or the SQLite file webhooks.db in PREFECT_WEBHOOKS_HOME
     (~/.prefect-webhooks by default); its location is printed first (to standard error with --json or --prometheus).
@@ -166,6 +167,7 @@ def status(
     """
     from prefect_webhooks.settings import get_settings
     from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
+    from prefect_webhooks.store.log_partitions import kept_counts
     from prefect_webhooks.store.metrics import backlog_snapshot, health_document, prometheus_text, status_table
 
     try:
@@ -175,7 +177,7 @@ def status(
         raise typer.Exit(1) from None
     print(f"store: {get_settings().store.location()}",
           file=sys.stderr if as_json or prometheus else sys.stdout)
-    snapshot = backlog_snapshot(engine)
+    snapshot = {**backlog_snapshot(engine), "kept": kept_counts(engine)}
     if as_json:
         print(json.dumps(health_document(snapshot), indent=2))
     elif prometheus:

@@ -49,3 +49,24 @@ def test_a_quick_benchmark_runs_at_a_tiny_size_and_prints_its_figures(name: str)
                           timeout=240, env=env, cwd=BENCH.parent)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert re.search(figures, done.stdout), done.stdout[-3000:]
+
+
+def test_history_built_twice_adds_up_and_status_counts_it(tmp_path: Path) -> None:
+    """The documented history builder adds to a store it built before (fresh ids), and ``status`` counts what the
+    log keeps: sealed partitions once, again after the second build wrote into them."""
+    store = f"sqlite:///{tmp_path / 'aged.db'}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PYTEST_"))}
+    env["PREFECT_WEBHOOKS_DATABASE_URL"] = store
+    status = [sys.executable, "-m", "prefect_webhooks.cli", "status"]
+    for kept in (2000, 4000):
+        built = subprocess.run([sys.executable, str(BENCH / "bench_message_log.py"), "--build-only", "--kept", "2000",
+                                "--store", store], capture_output=True, text=True, timeout=240, env=env,
+                               cwd=BENCH.parent)
+        assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
+        shown = subprocess.run(status, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr[-3000:]
+        counted = re.search(r"kept in the message log: ([\d,]+) messages \(([\d,]+) delivered or filtered, ([\d,]+) "
+                            r"failed\)", shown.stdout)
+        assert counted, shown.stdout
+        total, delivered, failed = (int(group.replace(",", "")) for group in counted.groups())
+        assert total == kept and delivered + failed == kept and 0 < failed < kept // 10

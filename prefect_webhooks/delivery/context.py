@@ -99,3 +99,5 @@ async def store_call(settings: WebhooksSettings, function: Callable[..., Any], *
             if not is_store_unavailable(exc) or time.monotonic() + pause > give_up_at:
                 raise
             logger.warning("store unavailable (%s); retrying in %.1f s", type(exc).__name__, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)

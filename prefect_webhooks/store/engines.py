@@ -160,7 +160,15 @@ def _create_missing(connection: Connection) -> None:
     SQLModel.metadata.create_all(connection, checkfirst=True)
     # create_all makes a table's indexes only with the table: an index added in a later release must be created on
     # a store made before it.
+    # Nor does it add a column a later release gave an existing table: nullable ones are added here (a column that
+    # must hold a value comes with an upgrade step that fills it, in ``upgrades``).
+    inspector = inspect(connection)
     for table in SQLModel.metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present and column.nullable:
+                kind = column.type.compile(dialect=connection.dialect)
+                connection.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}')
         for index in table.indexes:
             index.create(connection, checkfirst=True)
 

@@ -206,7 +206,8 @@ def health_document(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def status_table(snapshot: dict[str, Any]) -> str:
-    """The snapshot as a text table for the ``status`` command: one row per destination, then the totals."""
+    """The snapshot as a text table for the ``status`` command: one row per destination, then the totals (and what
+    the message log keeps, when the snapshot has ``kept``: ``log_partitions.kept_counts``)."""
 
     def cells(name: str, figures: dict[str, Any]) -> tuple[object, ...]:
         return (
@@ -219,11 +220,16 @@ def status_table(snapshot: dict[str, Any]) -> str:
             figures["filtered"],
         )
 
-    return table_text(
+    table = table_text(
         ("destination", "pending", "in flight", "oldest pending (s)", "delivered", "failed", "filtered"),
         [cells(name, figures) for name, figures in snapshot["destinations"].items()],
         total=cells("TOTAL", snapshot["totals"]),
     )
+    if "kept" not in snapshot:
+        return table
+    kept = snapshot["kept"]
+    return (f"{table}\nkept in the message log: {sum(kept.values()):,} messages ({kept['delivered']:,} delivered or "
+            f"filtered, {kept['failed']:,} failed)")
 
 
 def add_metrics_routes(app: Any, engine: Engine | None = None) -> None:

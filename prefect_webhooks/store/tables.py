@@ -244,6 +244,8 @@ class LogPartition(SQLModel, table=True):
     kind: str = Field(max_length=16, description="delivered (delivered and filtered messages) or failed.")
     starts_at: NaiveDatetime
     ends_at: NaiveDatetime
+    messages: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True), description=(
+        "How many messages it holds, counted once no more can arrive (``log_partitions.kept_counts``); None before."))
 
 
 class LogName(SQLModel, table=True):

@@ -30,3 +30,17 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path) -> No
             process.join(120)
         exit_codes += [process.exitcode for process in processes]
     assert exit_codes == [0] * 16
+
+
+def test_a_column_a_later_release_added_is_added_to_an_existing_store(backend_url: str) -> None:
+    # The message log's partition list got its ``messages`` count after stores with the list existed.
+    from sqlalchemy import inspect
+
+    from prefect_webhooks.store.engines import create_schema, get_engine
+
+    engine = get_engine(backend_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE message_log_partitions DROP COLUMN messages")
+    create_schema(engine)
+    columns = {column["name"]: column for column in inspect(engine).get_columns("message_log_partitions")}
+    assert "messages" in columns and columns["messages"]["nullable"]

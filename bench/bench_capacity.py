@@ -62,7 +62,8 @@ BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from outage_fault import Outage, PrefectServerProcess, report  # noqa: E402
+from outage_fault import Outage, PrefectServerProcess  # noqa: E402
+from receiver_fault import ReceiverOutage  # noqa: E402
 
 DESTINATION = "bench-dest"
 SOURCE = "bench-source"
@@ -587,7 +588,7 @@ class StepResult:
 
 def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str, auth: str, receiver_port: int,
              store_url: str, procs: Processes, totals: dict[str, int], run: str,
-             outage: Outage | None = None) -> StepResult:
+             outage: Outage | ReceiverOutage | None = None) -> StepResult:
     result = StepResult(rate=rate, load=os.getloadavg()[0])
     pending_before = pending_count(store_url)
     cpu_before = procs.cpu()
@@ -602,6 +603,7 @@ def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str,
     generated = finish_generator(generator, args.step_seconds + 300)
     if outage is not None:
         outage.finish()
+    if outage is not None and outage.server is not None:
         procs.prefect_server = outage.server.pid
     procs.generator, procs.generator_cpu = [], procs.generator_cpu + generated["cpu"]
     ended_at = time.time()
@@ -638,8 +640,7 @@ def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str,
                    reverse=True)[:5]
     result.worst_seconds = [(at, delay) for delay, at in worst]
     if outage is not None:
-        result.fault = report(outage, {int(second): count for second, count in stats["per_second"].items()}, rate,
-                              ended_at, started_at)
+        result.fault = outage.describe(stats, rate, started_at, ended_at)
     totals["accepted"] += result.accepted
     counts = store_counts(store_url)
     expected = {"delivered": totals["accepted"]} if totals["accepted"] else {}
@@ -681,10 +682,13 @@ class Config:
     ingest_workers: int = 1
     delivery_workers: int = 1
     number: int = 0
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra settings of this configuration's serve (``--reference-env``: the same configuration as it was)."""
 
     @property
     def label(self) -> str:
-        return f"{self.store}, {self.ingest_workers} ingest x {self.delivery_workers} delivery"
+        extra = "".join(f", {name}={value}" for name, value in self.env)
+        return f"{self.store}, {self.ingest_workers} ingest x {self.delivery_workers} delivery{extra}"
 
 
 def serve_command(config: Config, port: int) -> list[str]:
@@ -702,7 +706,7 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
     store_url = fresh_store(config.store, workdir, postgres, f"serve-{uuid.uuid4().hex[:6]}")
     port = free_port()
     serve_env = {**env, "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
-                 "PREFECT_WEBHOOKS_HOME": str(workdir / f"home-{port}"), **dict(args.env)}
+                 "PREFECT_WEBHOOKS_HOME": str(workdir / f"home-{port}"), **dict(args.env), **dict(config.env)}
     serve_root = Path(args.serve_root).resolve() if args.serve_root else ROOT
     serve_env["PYTHONPATH"] = str(serve_root)
     print(f"\n{config.label}: store {store_url.split('@')[-1]}", flush=True)
@@ -738,8 +742,12 @@ def run_config(config: Config, args: argparse.Namespace, *, workdir: Path, postg
         time.sleep(args.settle)
         for number, rate in enumerate(args.rates, start=first_step + 1):
             # The Prefect-outage fault step: the first step of the configuration.
-            outage = (Outage(server, args.outage_at, args.prefect_outage, wait_http)
-                      if args.prefect_outage and server and number == first_step + 1 else None)
+            outage: Outage | ReceiverOutage | None = None
+            if args.prefect_outage and server and number == first_step + 1:
+                outage = Outage(server, args.outage_at, args.prefect_outage, wait_http)
+            elif args.receiver_outage and number == first_step + 1:
+                outage = ReceiverOutage(None, args.outage_at, args.receiver_outage, None,
+                                        receiver_port=receiver_port)
             result = run_step(number, rate, args, ingest_url=ingest_url, auth=auth, receiver_port=receiver_port,
                               store_url=store_url, procs=procs, totals=totals, run=run, outage=outage)
             results.append(result)
@@ -789,12 +797,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="20 s steps, 8 s references")
     parser.add_argument("--env", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="extra environment variable for serve (repeatable)")
+    parser.add_argument("--reference-env", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="run each configuration again with this setting too, as the reference (repeatable)")
     parser.add_argument("--keep-workdir", action="store_true")
     parser.add_argument("--serve-root", default=None,
                         help="run serve from another checkout of the project (before/after comparisons)")
     parser.add_argument("--prefect-outage", type=float, default=None, metavar="SECONDS",
                         help="fault step: during the first step of each configuration, SIGKILL the Prefect server and "
                         "start it again on the same port SECONDS later")
+    parser.add_argument("--receiver-outage", type=float, default=None, metavar="SECONDS",
+                        help="the receiver answers 503 for this long in each configuration's first step "
+                             "(bench/receiver_fault.py)")
     parser.add_argument("--outage-at", type=float, default=20.0, metavar="SECONDS",
                         help="with --prefect-outage: seconds into the step when the server is killed")
     parser.add_argument("--generator", default=None, help=argparse.SUPPRESS)
@@ -849,9 +862,10 @@ def main() -> int:
                 except Exception as exc:
                     print(f"  FAILED: {exc}", flush=True)
                     exit_code = 1
-        configs = [] if not args.steps else [Config(kind, ingest, delivery) for kind in args.store
+        configs = [] if not args.steps else [Config(kind, ingest, delivery, env=env) for kind in args.store
                    for ingest in (args.ingest_workers if kind == "postgresql" else [1])
-                   for delivery in args.delivery_workers]
+                   for delivery in args.delivery_workers
+                   for env in ((), *([tuple(map(tuple, args.reference_env))] if args.reference_env else []))]
         for number, config in enumerate(configs, start=1):
             config.number = number
         for config in configs:

@@ -84,22 +84,30 @@ class Outage:
     thread: threading.Thread | None = field(default=None, repr=False)
 
     def begin(self, step_started: float) -> None:
+        """Start the fault ``at`` seconds after ``step_started``, in a thread (``finish`` waits for it)."""
         def run() -> None:
             time.sleep(max(step_started + self.at - time.time(), 0))
-            self.server.kill()
-            self.killed = time.time()
-            time.sleep(self.seconds)
-            self.restarting = time.time()
-            self.server.start()
-            self.wait_healthy(f"{self.server.url}/health", self.server, 180, "Prefect server (restarted)")
-            self.healthy = time.time()
+            self.inject()
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
 
+    def inject(self) -> None:
+        self.server.kill()
+        self.killed = time.time()
+        time.sleep(self.seconds)
+        self.restarting = time.time()
+        self.server.start()
+        self.wait_healthy(f"{self.server.url}/health", self.server, 180, "Prefect server (restarted)")
+        self.healthy = time.time()
+
     def finish(self) -> None:
         if self.thread is not None:
             self.thread.join()
+
+    def describe(self, stats: dict[str, Any], offered: float, started_at: float, ended_at: float) -> str:
+        return report(self, {int(second): count for second, count in stats["per_second"].items()}, offered,
+                      ended_at, started_at)
 
 
 def rate_between(per_second: dict[int, int], start: float, end: float) -> float:

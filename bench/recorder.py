@@ -6,7 +6,8 @@ It answers ``200 ok`` to every POST and reads two numbers the load generator put
 ``properties``: ``bench_seq`` (the event's number in its step) and ``bench_sent`` (the Unix time the generator
 sent it). Per step (``bench_step``) it keeps the arrival delays, a bitmap of the numbers seen (so duplicates and
 missing messages are counted), and per second of arrival the count and the longest delay. ``GET /_stats/<step>``
-answers those figures as JSON.
+answers those figures as JSON. ``GET /_fail/<seconds>`` makes it answer ``503`` to every POST for that long (an
+outage of the receiver: ``bench_capacity.py --receiver-outage``), recording nothing meanwhile.
 
 It is a bare HTTP/1.1 server (uvloop + httptools, keep-alive, no framework) so that it costs the shared CPU as
 little as a receiver can while still looking inside each body: nginx costs less but cannot time arrivals.
@@ -24,6 +25,8 @@ import httptools
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+FAILING_UNTIL = [0.0]
 
 
 def _number(body: bytes, key: bytes) -> float | None:
@@ -134,6 +137,11 @@ class Protocol(asyncio.Protocol):
             payload = json.dumps({**step.stats(), "untagged": UNTAGGED[0]}).encode()
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                                  + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        elif method == b"GET" and self.url.startswith(b"/_fail/"):
+            FAILING_UNTIL[0] = time.time() + float(self.url.rsplit(b"/", 1)[1])
+            self.transport.write(_OK)
+        elif method == b"POST" and time.time() < FAILING_UNTIL[0]:
+            self.transport.write(_UNAVAILABLE)
         elif method == b"POST":
             record(b"".join(self.body))
             self.transport.write(_OK)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prefect_webhooks.utilities.durations import duration_seconds
@@ -107,9 +107,10 @@ class DeliverySettings(_SettingsGroup):
         "skipped (rescheduled with the error `circuit open`).",
     )
     circuit_cooldown_seconds: float = Field(
-        default=30.0,
+        default=5.0,
         gt=0,
-        description="Seconds an open circuit waits before letting one probe request through (half-open).",
+        description="Seconds an open circuit waits before letting one probe request through (half-open): a down "
+        "endpoint gets one request this often, and a recovery is seen at most this late.",
     )
     store_retry_seconds: float = Field(
         default=30.0,
@@ -130,13 +131,22 @@ class DeliverySettings(_SettingsGroup):
     ramp_up_start_rate: float = Field(
         default=5.0,
         gt=0,
-        description="Requests per second an endpoint gets when its circuit closes or a Retry-After pause ends; the "
-        "rate then doubles six times over `ramp_up_seconds`.",
+        description="Least requests per second an endpoint gets when its circuit closes or a Retry-After pause ends; "
+        "the rate then doubles six times over `ramp_up_seconds`.",
+    )
+    ramp_up_share: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Share of the rate a recovered endpoint took in its best 10 seconds of the last 2 minutes (2xx "
+        "answers per second from the delivering process) it gets back at once, when that is more than "
+        "`ramp_up_start_rate` (0: start from `ramp_up_start_rate` alone).",
     )
     ramp_up_seconds: float = Field(
         default=60.0,
         ge=0,
-        description="How long an endpoint ramps back up after a recovery (0: its backlog at once).",
+        description="How long an endpoint ramps back up from `ramp_up_start_rate` after a recovery (from its own "
+        "recent rate: at most 12 s; 0: its backlog at once).",
     )
     block_cache_seconds: float = Field(
         default=10.0, ge=0, description="How long a loaded block is reused before it is read again."
@@ -194,6 +204,13 @@ class ServeSettings(_SettingsGroup):
     audiences_file: str = Field(
         default="",
         description="YAML list of audience syncs to serve (name, cron, parameters); empty: `home`/audiences.yaml.",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Bearer token of the admin API (`/v1/admin/`: look messages up, send them again); not a write key. "
+            "Empty: the admin API is off."
+        ),
     )
 
 

@@ -2,7 +2,8 @@
 
 It runs an aiohttp server in its own thread and event loop, records every request it gets (method, path, headers,
 raw body, time), and answers from a script: a list of behaviours consumed one per request, then ``default``.
-A behaviour is an int status, or a dict ``{"status": 429, "headers": {...}, "delay": 6.0, "reset": True}``.
+A behaviour is an int status, or a dict ``{"status": 429, "headers": {...}, "delay": 6.0, "reset": True, "text":
+"...", "echo_headers": True}`` (the answer's text, "ok" by default; the request's headers as JSON before it).
 With a ``verifier`` (raw body, headers → accepted?) a request it refuses is answered 401 and kept in ``rejected``,
 as a receiver checking signatures would.
 """
@@ -10,6 +11,7 @@ as a receiver checking signatures would.
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import threading
 import time
@@ -75,7 +77,10 @@ class Receiver:
             assert request.transport is not None
             request.transport.abort()
             return web.Response(status=500)
-        return web.Response(status=behaviour.get("status", 200), headers=behaviour.get("headers"), text="ok")
+        text = behaviour.get("text", "ok")
+        if behaviour.get("echo_headers"):  # as a careless receiver's error page might
+            text = json.dumps(dict(request.headers)) + text
+        return web.Response(status=behaviour.get("status", 200), headers=behaviour.get("headers"), text=text)
 
     def _serve(self) -> None:
         self._loop = asyncio.new_event_loop()

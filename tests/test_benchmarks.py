@@ -70,3 +70,21 @@ def test_history_built_twice_adds_up_and_status_counts_it(tmp_path: Path) -> Non
         assert counted, shown.stdout
         total, delivered, failed = (int(group.replace(",", "")) for group in counted.groups())
         assert total == kept and delivered + failed == kept and 0 < failed < kept // 10
+
+
+def test_the_receiver_outage_figures_count_from_the_recovery() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        from receiver_fault import caught_up, delays_back_under
+    finally:
+        sys.path.remove(str(BENCH))
+    # 100/s offered from t=0; nothing arrives in seconds 10–19 (the outage), 300/s from 20 until the backlog is gone.
+    per_second = {second: 100 for second in range(10)}
+    per_second.update({second: 300 for second in range(20, 25)})
+    per_second.update({second: 100 for second in range(25, 40)})
+    assert caught_up(per_second, 100.0, 0.0, 20.0, 40.0) == 5.0
+    worst = {second: 0.1 for second in range(40)}
+    worst.update({second: 3.0 for second in range(20, 26)})
+    assert delays_back_under(worst, 1.0, 20.0) == 6.0
+    assert delays_back_under({**worst, 30: 2.0}, 1.0, 20.0) == 11.0
+    assert delays_back_under({**worst, 39: 2.0}, 1.0, 20.0) is None

@@ -385,3 +385,45 @@ def test_messages_list_and_show_find_queued_and_kept_messages_with_their_attempt
     unknown = run("show", "nope")
     assert unknown.returncode == 1 and "no message with id or messageId 'nope'" in unknown.stderr
     assert run("list", "--state", "bogus").returncode == 2
+    resent = run("resend", "2")
+    assert resent.returncode == 0 and resent.stdout == "2: queued again\n", resent.stderr
+    again = json.loads(run("show", "2", "--json").stdout)
+    assert again["state"] == "pending" and [t["status_code"] for t in again["tries"]] == [410]
+    refused = run("resend", "4", "99")
+    assert refused.returncode == 1 and "4: still queued" in refused.stderr and "99: neither queued nor kept" in \
+        refused.stderr
+
+
+def test_messages_show_request_prints_the_request_as_sent_with_secrets_masked(prefect_harness: None,
+                                                                              store_url: str) -> None:
+    import hashlib
+    import hmac
+
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.store.engines import store_key
+    from prefect_webhooks.store.outbox import enqueue
+
+    WebhookDestination(endpoints=[{"url": "https://user:pa55word-9@a.example.com/in?token=q-secret-1",
+                                   "headers": {"X-Api-Key": "k3y-0123456789"}}],
+                       shared_secret="show-s3cret-00001").save("cli-show-request", overwrite=True)
+    enqueue("cli-show-request", [{"type": "track", "userId": "ann", "event": "E",
+                                  "timestamp": "2026-03-04T05:06:07.123Z"}])
+    number = 1
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WEBHOOKS_DATABASE_URL": store_url}
+    done = subprocess.run([_script(), "messages", "show", str(number), "--request"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    request = done.stdout.split("\n\nPOST ", 1)[1]
+    assert request.startswith("https://a.example.com/in?********  (endpoint 1)")
+    # The message's own id, as the receiver sees it, and a signature a receiver can check with the current secret.
+    assert f"Idempotency-Key: msg_{store_key(get_engine(store_url))}_{number}" in request
+    body = request.split("\n\n", 1)[1].strip().encode()
+    assert f"X-Signature: {hmac.new(b'show-s3cret-00001', body, hashlib.sha1).hexdigest()}" in request
+    assert "X-Api-Key: ********" in request
+    for secret in ("pa55word-9", "q-secret-1", "k3y-0123456789", "show-s3cret-00001"):
+        assert secret not in done.stdout + done.stderr
+    missing = subprocess.run([_script(), "messages", "show", "999", "--request"], capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert missing.returncode == 1

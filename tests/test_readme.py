@@ -8,7 +8,8 @@ later ones. The environment every block gets:
 
 - a test Prefect server (``prefect_harness``: ``PREFECT_API_URL`` is set);
 - a fresh store (``PREFECT_WEBHOOKS_DATABASE_URL``, a SQLite file) and ``PREFECT_WEBHOOKS_HOME``;
-- a real ingest API (uvicorn subprocess) on that store, reachable at ``PREFECT_WEBHOOKS_ENDPOINT``: an ``Analytics``
+- a real ingest API (uvicorn subprocess) on that store, reachable at ``PREFECT_WEBHOOKS_ENDPOINT`` (its admin API
+  on, with ``PREFECT_WEBHOOKS_ADMIN_TOKEN`` set): an ``Analytics``
   client built without ``endpoint=`` sends there;
 - a fresh working directory for the python blocks.
 
@@ -182,11 +183,12 @@ def readme_environment(
     workdir.mkdir()
     get_engine(store_url)
     RAN.clear()
-    with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value()) as server:
+    admin = {"PREFECT_WEBHOOKS_ADMIN_TOKEN": "readme-admin-token"}  # the admin API's examples use it
+    with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value(), env=admin) as server:
         saved = {key: os.environ.get(key) for key in ("PREFECT_WEBHOOKS_DATABASE_URL", "PREFECT_WEBHOOKS_HOME",
-                                                        "PREFECT_WEBHOOKS_ENDPOINT")}
+                                                        "PREFECT_WEBHOOKS_ENDPOINT", *admin)}
         os.environ.update(PREFECT_WEBHOOKS_DATABASE_URL=store_url, PREFECT_WEBHOOKS_HOME=str(home),
-                          PREFECT_WEBHOOKS_ENDPOINT=server.url)
+                          PREFECT_WEBHOOKS_ENDPOINT=server.url, **admin)
         get_settings.cache_clear()
         cwd = Path.cwd()
         os.chdir(workdir)

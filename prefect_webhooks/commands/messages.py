@@ -1,13 +1,14 @@
-"""``prefect-webhooks messages``: look a message up, queued or kept, with every attempt ("we never received X").
+"""``prefect-webhooks messages``: look a message up, queued or kept, with every attempt ("we never received X"),
+and send it again.
 
-Reads the store only (``store.lookups``): no Prefect server needed, and nothing is created.
+Reads the store only (``store.lookups``; ``resend`` puts messages back into its queue): no Prefect server needed,
+and no store is created.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -17,8 +18,13 @@ from prefect_webhooks.commands.replay import time_option
 if TYPE_CHECKING:
     from prefect_webhooks.store.lookups import StoredMessage
 
-messages_app = typer.Typer(help="Look messages up, queued or kept, with every attempt.", no_args_is_help=True)
+messages_app = typer.Typer(help="Look messages up, queued or kept, with every attempt; send them again.",
+                           no_args_is_help=True)
 STATES = ("pending", "delivered", "filtered", "failed")
+
+
+def _at(message: StoredMessage) -> str:
+    return message.at.isoformat(sep=" ", timespec="milliseconds")
 
 
 def _store_connection(command: str) -> Any:
@@ -29,26 +35,6 @@ def _store_connection(command: str) -> Any:
     except StoreNotFound as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None
-
-
-def _time(value: datetime | None) -> str:
-    return value.isoformat(sep=" ", timespec="milliseconds") if value else ""
-
-
-def _document(message: StoredMessage, *, with_body: bool) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "id": message.id, "state": message.state, "destination": message.destination, "source": message.source,
-        "type": message.message_type, "messageId": message.message_id, "userId": message.user_id,
-        "reason": message.reason, "attempts": message.attempts, "created_at": _time(message.created_at),
-        "first_attempt_at": _time(message.first_attempt_at),
-        ("next_attempt_at" if message.state == "pending" else "finished_at"): _time(message.at),
-    }
-    if with_body:
-        document["body"] = None if message.body is None else json.loads(message.body)
-        document["tries"] = [{"attempted_at": _time(attempt.attempted_at), "url": attempt.url,
-                              "status_code": attempt.status_code, "latency_ms": round(attempt.latency_ms, 1),
-                              "error": attempt.error, "outcome": attempt.outcome} for attempt in message.tries]
-    return document
 
 
 @messages_app.command("list")
@@ -65,7 +51,7 @@ def messages_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (with bodies and attempts).")] = False,
 ) -> None:
     """List messages, newest first: a queued one by when it was stored, the others by when they got there."""
-    from prefect_webhooks.store.lookups import MessageQuery, find_messages
+    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
     from prefect_webhooks.utilities.tables import table_text
 
     unknown = sorted(set(state or ()) - set(STATES))
@@ -76,10 +62,10 @@ def messages_list(
                              since=time_option(since, "--since"), until=time_option(until, "--until"))
         found = find_messages(connection, query, limit=limit)
     if as_json:
-        print(json.dumps([_document(message, with_body=True) for message in found], indent=2))
+        print(json.dumps([message_document(message) for message in found], indent=2))
         return
     print(table_text(["id", "state", "destination", "type", "user", "messageId", "at", "attempts", "reason"], [
-        (m.id, m.state, m.destination, m.message_type, m.user_id or "", m.message_id or "", _time(m.at), m.attempts,
+        (m.id, m.state, m.destination, m.message_type, m.user_id or "", m.message_id or "", _at(m), m.attempts,
          m.reason or "") for m in found]))
 
 
@@ -87,19 +73,26 @@ def messages_list(
 def messages_show(
     reference: Annotated[str, typer.Argument(help="The message's id (as in `messages list`) or its messageId.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    request: Annotated[bool, typer.Option("--request", help=(
+        "Also print the request as it is sent to each endpoint now (loads the destination block from the Prefect "
+        "API): method, URL, headers with secrets masked, signatures, body."))] = False,
 ) -> None:
-    """Show one message: its state and reason, its body, and every attempt with the receiver's status."""
-    from prefect_webhooks.store.lookups import MessageQuery, find_messages
+    """Show one message: its state and reason, its body, and every attempt with the receiver's status and answer."""
+    from prefect_webhooks.store.engines import store_key
+    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
     from prefect_webhooks.utilities.tables import table_text
 
     with _store_connection("messages show") as connection:
         found = find_messages(connection, MessageQuery(ids=[int(reference)]), limit=1) if reference.isdigit() else []
         found = found or find_messages(connection, MessageQuery(message_id=reference), limit=20)
+        key = store_key(connection.engine)
     if not found:
         print(f"messages show: no message with id or messageId {reference!r} is queued or kept", file=sys.stderr)
         raise typer.Exit(1)
     for message in found:
-        document = _document(message, with_body=True)
+        document = message_document(message)
+        if request:
+            document["requests"] = _requests_as_sent(message, key)
         if as_json:
             print(json.dumps(document, indent=2))
             continue
@@ -108,6 +101,48 @@ def messages_show(
             if name in document:
                 print(f"{name}: {document[name] if document[name] is not None else ''}")
         print("body: " + (json.dumps(document["body"]) if document["body"] is not None else "(purged)"))
-        print(table_text(["attempted at", "url", "status", "latency ms", "error", "outcome"], [
-            (t["attempted_at"], t["url"], t["status_code"] or "", t["latency_ms"], t["error"] or "", t["outcome"])
-            for t in document["tries"]]) if document["tries"] else "no attempt")
+        print(table_text(["#", "attempted at", "url", "status", "latency ms", "error", "outcome"], [
+            (number, t["attempted_at"], t["url"], t["status_code"] or "", t["latency_ms"], t["error"] or "",
+             t["outcome"]) for number, t in enumerate(document["tries"], 1)]) if document["tries"] else "no attempt")
+        for number, attempt in enumerate(document["tries"], 1):
+            if attempt["response"]:
+                print(f"answer to attempt {number}: {attempt['response']}")
+        for shown in document.get("requests", []):
+            print(f"\n{shown}")
+
+
+def _requests_as_sent(message: StoredMessage, key: str) -> list[str]:
+    """The requests ``message`` makes now (its destination block as saved, its own id), secrets masked."""
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.commands.named_blocks import named_block
+    from prefect_webhooks.delivery.preview import preview_requests
+    from prefect_webhooks.signing.headers import message_key_prefix
+
+    if message.body is None:
+        return ["(purged by a deletion request: no request is made)"]
+    with named_block("messages show", "WebhookDestination", message.destination):
+        block = WebhookDestination.load(message.destination)
+    return [shown.text() for shown in preview_requests(block, [json.loads(message.body)],
+                                                        key_prefix=message_key_prefix(key), numbers=[message.id])]
+
+
+@messages_app.command("resend")
+def messages_resend(
+    ids: Annotated[list[int], typer.Argument(help="The messages' ids (as in `messages list`).")],
+) -> None:
+    """Send delivered or failed messages again, while they are kept: each goes back into the queue with its id (the
+    receiver sees the same webhook id), due now, signed with the destination's current secret when it is sent, and
+    its new attempt is added to those it had. Exits 1 when any id could not be sent again, saying why."""
+    from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
+    from prefect_webhooks.store.replay import RESENT, resend_messages
+
+    try:
+        engine = open_existing_store()
+    except StoreNotFound as exc:
+        print(f"messages resend: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    outcomes = resend_messages(ids, engine=engine)
+    for number, outcome in outcomes.items():
+        print(f"{number}: {outcome}", file=sys.stdout if outcome == RESENT else sys.stderr)
+    if any(outcome != RESENT for outcome in outcomes.values()):
+        raise typer.Exit(1)

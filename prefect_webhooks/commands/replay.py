@@ -4,7 +4,7 @@ and time window, through the replay flow; an unknown destination or URL is refus
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -15,19 +15,14 @@ from prefect_webhooks.utilities.prefect_api import exit_without_prefect_api
 
 def time_option(text: str | None, option: str) -> datetime | None:
     """An ISO 8601 time (naive means UTC), or a duration ago such as ``2h`` or ``7d``."""
-    from prefect_webhooks.utilities.durations import parse_duration
+    from prefect_webhooks.utilities.durations import past_time
 
     if text is None:
         return None
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        try:
-            return datetime.now(timezone.utc) - parse_duration(text)
-        except ValueError:
-            raise typer.BadParameter(f"{text!r} is neither an ISO 8601 time nor a duration (2h, 7d)",
-                                     param_hint=option) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+        return past_time(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
 def replay(

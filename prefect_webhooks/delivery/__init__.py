@@ -9,6 +9,7 @@ Read in this order:
   retries (from settings) resend what is left.
 - ``decision``: what becomes of one message after its requests: delivered, retried when, or failed and why.
 - ``sender``: the process's one aiohttp session (keep-alive, at most ``delivery_concurrency`` in flight).
+- ``answers``: the start of each receiver's answer, kept with the attempt, what the request carried masked.
 - ``request_shape``: what one request to one endpoint carries: method, (mapped) body, headers and signatures.
 - ``batching``: messages of a destination with ``batch_size`` sent as signed arrays (``batch_bodies``: bodies, ids).
 - ``auth``: OAuth2 client credentials tokens, kept per process and refreshed.

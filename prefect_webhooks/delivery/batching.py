@@ -149,7 +149,7 @@ async def _send(
     if result.status == 413 and len(items) > 1:
         reason = f"batch of {len(items)} too large, sent again in halves"
         writes.records.attempts.extend(Attempt(outbox_id, result.attempted_at, result.url, result.status, reason,
-                                               result.latency_ms, SPLIT) for outbox_id, _, _ in items)
+                                               result.latency_ms, SPLIT, result.answer) for outbox_id, _, _ in items)
         half = len(items) // 2
         # The halves are two more requests: a rate-limited endpoint's budget paces them too.
         first_at, second_at = await slots_for(context, destination, endpoint, 2)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 CLOSED = "closed"
@@ -69,6 +70,32 @@ class Circuit:
             self.state, self.opened_at, self.probing, self.probe_requested = OPEN, now, False, False
 
 
+class SuccessRate:
+    """Successful requests to one URL per whole second, for the last ``KEPT`` seconds."""
+
+    KEPT = 120
+    WINDOW = 10
+
+    def __init__(self) -> None:
+        self.counts: deque[list[int]] = deque()
+
+    def add(self, now: float) -> None:
+        second = int(now)
+        if self.counts and self.counts[-1][0] == second:
+            self.counts[-1][1] += 1
+            return
+        self.counts.append([second, 1])
+        while self.counts[0][0] <= second - self.KEPT:
+            self.counts.popleft()
+
+    def peak(self, now: float) -> float:
+        """The best rate over ``WINDOW`` consecutive seconds of the last ``KEPT``."""
+        recent = {second: count for second, count in self.counts if second > int(now) - self.KEPT}
+        best = max((sum(recent.get(second + offset, 0) for offset in range(self.WINDOW)) for second in recent),
+                   default=0)
+        return best / self.WINDOW
+
+
 @dataclass
 class EndpointGuard:
     """Every endpoint's circuit and concurrency slots in one delivering process."""
@@ -78,6 +105,7 @@ class EndpointGuard:
     concurrency: int
     circuits: dict[str, Circuit] = field(default_factory=dict)
     _slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    _rates: dict[str, SuccessRate] = field(default_factory=dict)
 
     def circuit(self, url: str) -> Circuit:
         """The breaker of ``url`` (created closed on first use)."""
@@ -98,8 +126,20 @@ class EndpointGuard:
         return self.circuit(url).allow(time.monotonic())
 
     def record(self, url: str, success: bool) -> None:
-        """Feed a sent request's outcome to ``url``'s breaker."""
-        self.circuit(url).record(success, time.monotonic())
+        """Feed a sent request's outcome to ``url``'s breaker (and a success to its recent rate)."""
+        now = time.monotonic()
+        self.circuit(url).record(success, now)
+        if success:
+            rate = self._rates.get(url)
+            if rate is None:
+                rate = self._rates[url] = SuccessRate()
+            rate.add(now)
+
+    def recent_peak_rate(self, url: str) -> float:
+        """Successful requests per second to ``url`` in its best ``SuccessRate.WINDOW`` seconds of the last
+        ``SuccessRate.KEPT`` (0 when none): what it took while healthy, for the ramp after a recovery."""
+        rate = self._rates.get(url)
+        return rate.peak(time.monotonic()) if rate is not None else 0.0
 
     def take_due_probes(self) -> list[str]:
         """The URLs whose open circuit has cooled down but has had no request to probe with (each reported once).

@@ -85,7 +85,7 @@ def decide(
     first_attempt_at = row.first_attempt_at or sent_at or min(result.attempted_at for result in results)
     records = writes.records
     records.attempts.extend(Attempt(row.id, result.attempted_at, result.url, result.status, result.error,
-                                    result.latency_ms, result.outcome) for result in results)
+                                    result.latency_ms, result.outcome, result.answer) for result in results)
     if any(result.outcome == DELIVERED for result in results):
         records.delivered.append(Delivered(row.id, attempts, first_attempt_at, now, row.destination))
         return

@@ -63,18 +63,29 @@ def check_messages(document: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def preview_requests(block: WebhookDestination, messages: Sequence[dict[str, Any]]) -> list[PreviewedRequest]:
-    """The requests ``block`` would make for ``messages`` (outbound bodies, in acceptance order)."""
+def preview_requests(
+    block: WebhookDestination,
+    messages: Sequence[dict[str, Any]],
+    *,
+    key_prefix: str = PREVIEW_KEY_PREFIX,
+    numbers: Sequence[int] | None = None,
+) -> list[PreviewedRequest]:
+    """The requests ``block`` would make for ``messages`` (outbound bodies, in acceptance order).
+
+    ``key_prefix`` and ``numbers`` make the messages' ids (``msg_preview_1``… by default; a stored message's own id,
+    ``msg_<store key>_`` and its number, for ``messages show --request``).
+    """
     destination = resolve("preview", block)
-    bodies = [(number, serialize(message)) for number, message in enumerate(messages, start=1)]
+    numbers = numbers if numbers is not None else range(1, len(messages) + 1)
+    bodies = [(number, serialize(message)) for number, message in zip(numbers, messages, strict=True)]
     previews = []
     for position, (saved, endpoint) in enumerate(zip(block.endpoints, destination.endpoints, strict=True), start=1):
         if destination.batching is None:
-            requests = [shape_requests((endpoint,), destination.signer, f"{PREVIEW_KEY_PREFIX}{number}",
+            requests = [shape_requests((endpoint,), destination.signer, f"{key_prefix}{number}",
                                        lambda shaped, body=body: shaped.render(body))[0] for number, body in bodies]
         else:
-            requests = [batch_request(endpoint, destination.signer, PREVIEW_KEY_PREFIX, batch)
-                        for batch in endpoint_batches(endpoint, destination.batching, PREVIEW_KEY_PREFIX, bodies)]
+            requests = [batch_request(endpoint, destination.signer, key_prefix, batch)
+                        for batch in endpoint_batches(endpoint, destination.batching, key_prefix, bodies)]
         secret_names = {name.lower() for name in saved.header_values()}
         if isinstance(saved.auth, BearerToken):
             secret_names.add(AUTHORIZATION_HEADER.lower())

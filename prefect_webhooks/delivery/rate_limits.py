@@ -48,13 +48,24 @@ def ramp_of(context: DeliveryContext) -> Ramp:
     return Ramp(delivery.ramp_up_start_rate, delivery.ramp_up_seconds)
 
 
+def ramp_start_of(context: DeliveryContext, url: str) -> float | None:
+    """The rate ``url`` ramps up from after a recovery: ``ramp_up_share`` of the rate it took in its best recent
+    seconds (as this process sent to it), at least ``ramp_up_start_rate``; None when recovered endpoints get their
+    backlog at once."""
+    delivery = context.settings.delivery
+    if delivery.ramp_up_seconds <= 0:
+        return None
+    return max(delivery.ramp_up_start_rate, delivery.ramp_up_share * context.sender.guard.recent_peak_rate(url))
+
+
 def limits_of(destination: ResolvedDestination, context: DeliveryContext) -> list[Limit]:
     """The endpoints of ``destination`` that need budget now (limited, paused, ramping, or a limit just removed)."""
     now, ramp, limits = time.time(), ramp_of(context), []
     for endpoint in destination.endpoints:
         row = context.shared.endpoint(destination.name, endpoint.key)
         constrained = row is not None and (row.paused_until > now or row.rate is not None
-                                           or not math.isinf(ramp.rate(row.ramp_started_at, now)))
+                                           or not math.isinf(ramp.rate(row.ramp_started_at, now,
+                                                                       row.ramp_start_rate)))
         if endpoint.rate_limit is not None or constrained:
             limits.append(Limit(endpoint.key, display_url(endpoint.url), endpoint.rate_limit, endpoint.burst))
     return limits
@@ -183,7 +194,7 @@ async def record_pauses(ready: Sequence[Ready], results_by_row: Sequence[Sequenc
     for (name, key), (endpoint, seconds) in longest.items():
         try:
             await store_call(context.settings, pause, context.engine, name, key, display_url(endpoint.url), seconds,
-                             context.settings.delivery.ramp_up_seconds > 0)
+                             ramp_start_of(context, endpoint.url))
         except Exception as exc:
             # Only the shared pause is lost: the message itself already waits for its Retry-After.
             logger.warning("recording a Retry-After pause failed: %s", type(exc).__name__)
@@ -197,11 +208,12 @@ def _endpoint_for(destination: ResolvedDestination, url: str) -> Endpoint | None
 
 async def start_ramp(context: DeliveryContext, url: str, names: Sequence[str]) -> None:
     """Make ``url`` ramp up again in every destination that posts to it (its circuit just closed)."""
-    if context.settings.delivery.ramp_up_seconds <= 0 or not names:
+    ramp_from = ramp_start_of(context, url)
+    if ramp_from is None or not names:
         return
     endpoints: list[Any] = [(name, url_key(url), display_url(url)) for name in names]
     try:
-        await store_call(context.settings, start_ramps, context.engine, endpoints)
+        await store_call(context.settings, start_ramps, context.engine, endpoints, ramp_from)
     except Exception as exc:
         logger.warning("starting the ramp-up of %s failed: %s", display_url(url), type(exc).__name__)
     context.shared.mark_stale()

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from prefect_webhooks.delivery.answers import answer_excerpt
 from prefect_webhooks.delivery.auth import TokenCache, TokenRequestError
 from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
 from prefect_webhooks.delivery.destinations import ResolvedDestination
@@ -61,6 +62,8 @@ class RequestResult:
     retry_after: str | None = None
     body: bytes | None = None
     """The response body, kept only when asked for (a token request)."""
+    answer: str | None = None
+    """The start of the response body, kept with the attempt (``answers.answer_excerpt``)."""
 
     def summary(self) -> str:
         """The status or error, for a reason text."""
@@ -163,7 +166,8 @@ class Sender:
                 return RequestResult(url, attempted_at, RETRY, error=f"connection error: {_describe(exc)}",
                                      latency_ms=_ms(started))
         return RequestResult(url, attempted_at, classify_status(status), status=status, latency_ms=_ms(started),
-                             retry_after=retry_after, body=answer if keep_body else None)
+                             retry_after=retry_after, body=answer if keep_body else None,
+                             answer=None if keep_body else answer_excerpt(answer, status, url, headers))
 
     async def request(self, request: Request) -> RequestResult:
         """Send one shaped request; with OAuth2, with a token, and once more with a new token after a 401."""

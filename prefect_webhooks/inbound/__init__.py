@@ -3,7 +3,8 @@ single-call endpoints, authenticated by write key against the saved sources, ``s
 ingest flow, and hands on committed outbox rows. Both go through the one ingestion path (``ingestion``): merge the
 envelope's batch-level fields (``envelope``), validate each call (``messages``), resolve its timestamp, drop
 duplicates and suppressed users, route it by source and ``integrations`` (``routing``) and build its outbound rows,
-committed together by the API's group-commit writer (``batch_writer``) before the 200.
+committed together by the API's group-commit writer (``batch_writer``) before the 200. The same server answers the
+admin API (``admin_api``: looking messages up and sending them again, behind its own token).
 
 Names load on first use: the ingest flow needs the ingestion path, not FastAPI.
 """

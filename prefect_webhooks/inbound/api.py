@@ -34,6 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from prefect_webhooks.inbound.admin_api import add_admin_routes
 from prefect_webhooks.inbound.batch_writer import BatchWriter, OverloadedError
 from prefect_webhooks.inbound.envelope import Envelope, EnvelopeError, batch_envelope
 from prefect_webhooks.inbound.ingestion import prepare_batch
@@ -367,4 +368,5 @@ def create_app(
 
     # Backlog depth and oldest pending age: Prometheus text at /metrics, JSON at /health/backlog.
     add_metrics_routes(app, engine)
+    add_admin_routes(app, engine)
     return app

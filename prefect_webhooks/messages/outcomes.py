@@ -82,6 +82,8 @@ class Attempt:
     error: str | None
     latency_ms: float
     outcome: str
+    response: str | None = None
+    """The start of the receiver's answer (``delivery.answers``), the place a receiver says what it refused."""
 
 
 @dataclass(slots=True)

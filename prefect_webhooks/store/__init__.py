@@ -11,7 +11,7 @@ from prefect_webhooks.store.engines import create_schema, dispose_engines, get_e
 from prefect_webhooks.store.message_log import KeptMessage, find_kept
 from prefect_webhooks.store.metrics import backlog_snapshot
 from prefect_webhooks.store.outbox import add_to_outbox, claim_due_deliveries, enqueue, record_outcomes
-from prefect_webhooks.store.replay import replay_failed
+from prefect_webhooks.store.replay import replay_failed, resend_messages
 from prefect_webhooks.store.tables import (
     Audience,
     AudienceState,
@@ -46,6 +46,7 @@ __all__ = [
     "insert_rows",
     "record_outcomes",
     "replay_failed",
+    "resend_messages",
     "store_key",
     "store_now",
     "to_store_time",

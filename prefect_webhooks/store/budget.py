@@ -10,8 +10,10 @@ from the ``parked_until`` cursor, spaced at the rate, so it leaves the due messa
 before its turn (claiming and discarding throttled messages is what loaded RudderStack's database: rudder-server
 PR #5685). While parked messages wait, fresh ones queue behind them.
 
-The rate ramps up after a recovery or a ``Retry-After`` pause: it starts at ``ramp_start_rate`` and doubles six
-times over ``ramp_seconds``, capped by the endpoint's own limit; past the ramp an endpoint without a limit has none.
+The rate ramps up after a recovery or a ``Retry-After`` pause: it starts at the endpoint's ramp start rate (a share
+of what it took in its best recent seconds, at least the ``ramp_up_start_rate`` setting:
+``delivery.rate_limits.ramp_start_of``) and doubles six times over ``ramp_seconds``, capped by the endpoint's own
+limit; past the ramp an endpoint without a limit has none.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from prefect_webhooks.store.tables import OutboxMessage, store_now
 OUTBOX = OutboxMessage.__table__
 
 RAMP_DOUBLINGS = 6
+MEASURED_DOUBLING_SECONDS = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +52,21 @@ class Ramp:
     start_rate: float
     seconds: float
 
-    def rate(self, started_at: float, at: float) -> float:
-        """The ramp's rate at ``at`` for a ramp that started at ``started_at`` (infinite once it is over)."""
-        if self.seconds <= 0 or not started_at or at >= started_at + self.seconds:
+    def rate(self, started_at: float, at: float, start_rate: float | None = None) -> float:
+        """The ramp's rate at ``at`` for a ramp that started at ``started_at`` from ``start_rate`` (the endpoint's,
+        kept with its state; ``self.start_rate`` without one), infinite once it is over.
+
+        A ramp from the endpoint's own recent rate (above the setting's) is already near what the endpoint takes:
+        it doubles every ``MEASURED_DOUBLING_SECONDS`` at most, so the endpoint has all of its rate back within
+        seconds; one from the setting's absolute rate probes upwards over the whole ``seconds``.
+        """
+        seconds = self.seconds
+        if start_rate is not None and start_rate > self.start_rate:
+            seconds = min(seconds, RAMP_DOUBLINGS * MEASURED_DOUBLING_SECONDS)
+        if seconds <= 0 or not started_at or at >= started_at + seconds:
             return math.inf
         elapsed = max(at - started_at, 0.0)
-        return self.start_rate * 2 ** (RAMP_DOUBLINGS * elapsed / self.seconds)
+        return (start_rate or self.start_rate) * 2 ** (RAMP_DOUBLINGS * elapsed / seconds)
 
 
 @dataclass(slots=True)
@@ -67,9 +79,10 @@ class _Cell:
     parked_until: float
     paused_until: float
     ramp_started_at: float
+    ramp_start_rate: float | None
 
     def interval(self, at: float) -> float:
-        rate = min(self.limit.rate or math.inf, self.ramp.rate(self.ramp_started_at, at))
+        rate = min(self.limit.rate or math.inf, self.ramp.rate(self.ramp_started_at, at, self.ramp_start_rate))
         return 0.0 if math.isinf(rate) else 1.0 / rate
 
     def next_slot(self, now: float) -> float:
@@ -125,7 +138,8 @@ def admit(
         cells = []
         for limit in limits:
             row = rows[limit.key]
-            cell = _Cell(limit, ramp, row.tat, row.parked_until, row.paused_until, row.ramp_started_at)
+            cell = _Cell(limit, ramp, row.tat, row.parked_until, row.paused_until, row.ramp_started_at,
+                         row.ramp_start_rate)
             if (row.rate, row.burst) != (limit.rate, limit.burst):
                 # A new limit: the old schedule means nothing to it.
                 cell.tat = cell.parked_until = 0.0

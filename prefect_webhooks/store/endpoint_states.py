@@ -87,29 +87,33 @@ def _later(column: Any, value: float) -> Any:
     return case((column < value, value), else_=column)
 
 
-def pause(engine: Engine, destination: str, key: str, url: str, seconds: float, ramp: bool) -> None:
+def pause(engine: Engine, destination: str, key: str, url: str, seconds: float, ramp_from: float | None) -> None:
     """No request to this endpoint, from any process, for ``seconds`` (a receiver's ``Retry-After``).
 
-    With ``ramp`` the endpoint ramps up again when the pause ends instead of getting its backlog at once.
+    With ``ramp_from`` (requests per second) the endpoint ramps up again from that rate when the pause ends instead
+    of getting its backlog at once.
     """
     with engine.begin() as connection:
         ensure_rows(connection, destination, [(key, url)])
         until = database_clock(connection) + seconds
         values: dict[str, Any] = {"paused_until": _later(STATES.c.paused_until, until)}
-        if ramp:
+        if ramp_from is not None:
             values["ramp_started_at"] = _later(STATES.c.ramp_started_at, until)
+            values["ramp_start_rate"] = ramp_from
         write_row(connection, destination, key, values)
 
 
-def start_ramps(engine: Engine, endpoints: Sequence[tuple[str, str, str]]) -> None:
-    """Make ``(destination, url_key, url)`` endpoints ramp up from now (their circuit just closed)."""
+def start_ramps(engine: Engine, endpoints: Sequence[tuple[str, str, str]], ramp_from: float) -> None:
+    """Make ``(destination, url_key, url)`` endpoints ramp up from now (their circuit just closed), from
+    ``ramp_from`` requests per second."""
     if not endpoints:
         return
     with engine.begin() as connection:
         now = database_clock(connection)
         for destination, key, url in endpoints:
             ensure_rows(connection, destination, [(key, url)])
-            write_row(connection, destination, key, {"ramp_started_at": _later(STATES.c.ramp_started_at, now)})
+            write_row(connection, destination, key, {"ramp_started_at": _later(STATES.c.ramp_started_at, now),
+                                                     "ramp_start_rate": ramp_from})
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ def pack_record(content: RecordContent, finished_at: datetime, codes: Mapping[st
         RECORD_VERSION, content.message_type, content.message_id, content.user_id, content.reason, content.attempts,
         finished - (epoch_ms(content.created_at) or 0), None if first is None else finished - first,
         [[finished - (epoch_ms(a.attempted_at) or 0), codes[a.url], a.status_code, a.error, round(a.latency_ms, 1),
-          a.outcome] for a in content.tries],
+          a.outcome, *([a.response] if a.response else [])] for a in content.tries],
         content.body is not None,
     ]
     compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, _PRESET)
@@ -134,6 +134,6 @@ class PackedRecord:
             first_attempt_at=None if first is None else from_epoch_ms(finished - first),
             body=self.body if has_body else None,
             tries=[Attempt(message, from_epoch_ms(finished - before) or datetime.min, names.get(code, "?"), status,
-                           error, latency, outcome)
-                   for before, code, status, error, latency, outcome in tries],
+                           error, latency, outcome, response[0] if response else None)
+                   for before, code, status, error, latency, outcome, *response in tries],
         )

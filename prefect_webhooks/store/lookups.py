@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select
+import orjson
+from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from prefect_webhooks.messages.outcomes import PENDING, Attempt
-from prefect_webhooks.store.message_log import find_kept
+from prefect_webhooks.store.message_log import ATTEMPT_COLUMNS, find_kept
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, to_store_time
 
 OUTBOX = OutboxMessage.__table__
@@ -57,6 +59,12 @@ class StoredMessage:
     body: bytes | None
     tries: list[Attempt] = field(default_factory=list)
 
+    @property
+    def position(self) -> tuple[datetime, int]:
+        """Where it stands in ``find_messages``' order (newest first): its time (stored, for a pending message; its
+        outcome, for the others), then its id."""
+        return (self.created_at if self.state == PENDING else self.at), self.id
+
 
 @dataclass(frozen=True)
 class MessageQuery:
@@ -70,6 +78,8 @@ class MessageQuery:
         states: pending, delivered, filtered, failed.
         since: At or after (stored, for a pending message; its outcome, for the others).
         until: Before.
+        before: Only messages after this one in the answer's order (``StoredMessage.position`` of the last message
+            of a page: the next page).
     """
 
     ids: Sequence[int] | None = None
@@ -79,6 +89,7 @@ class MessageQuery:
     states: Sequence[str] | None = None
     since: datetime | None = None
     until: datetime | None = None
+    before: tuple[datetime, int] | None = None
 
 
 def find_messages(connection: Connection, query: MessageQuery | None = None, *, limit: int = 50) -> list[
@@ -104,15 +115,23 @@ def find_messages(connection: Connection, query: MessageQuery | None = None, *, 
     if not states or PENDING in states:
         found += _queued(connection, query, since, until, limit)
     finished = [state for state in states or () if state != PENDING]
+    kept_until, kept_limit = until, limit
+    if query.before is not None:
+        # Kept times are whole milliseconds: read up to the cursor's millisecond and drop what came before it, with
+        # room for the messages of that millisecond already shown.
+        kept_until = min(filter(None, (until, query.before[0] + timedelta(milliseconds=1))))
+        kept_limit = limit * 2 + 100
     if not states or finished:
         found += [
             StoredMessage(m.id, m.destination, m.content.source, m.content.message_type, m.content.message_id,
                           m.content.user_id, m.state, m.content.reason, m.content.attempts, m.content.created_at,
                           m.content.first_attempt_at, m.finished_at, m.content.body, m.content.tries)
             for m in find_kept(connection, ids=query.ids, message_id=query.message_id, user_id=query.user_id,
-                               destination=query.destination, states=finished or None, since=since, until=until,
-                               limit=limit)]
-    found.sort(key=lambda message: message.created_at if message.state == PENDING else message.at, reverse=True)
+                               destination=query.destination, states=finished or None, since=since,
+                               until=kept_until, limit=kept_limit)]
+    if query.before is not None:
+        found = [message for message in found if message.position < query.before]
+    found.sort(key=lambda message: message.position, reverse=True)
     return found[:limit]
 
 
@@ -134,14 +153,38 @@ def _queued(
         statement = statement.where(OUTBOX.c.created_at >= since)
     if until is not None:
         statement = statement.where(OUTBOX.c.created_at < until)
-    rows = connection.execute(statement.order_by(OUTBOX.c.id.desc()).limit(limit)).all()
+    if query.before is not None:
+        at, number = to_store_time(query.before[0]), query.before[1]
+        statement = statement.where(or_(OUTBOX.c.created_at < at,
+                                        and_(OUTBOX.c.created_at == at, OUTBOX.c.id < number)))
+    rows = connection.execute(statement.order_by(OUTBOX.c.created_at.desc(), OUTBOX.c.id.desc()).limit(limit)).all()
     tries: dict[int, list[Attempt]] = {}
     if rows:
-        for attempt in connection.execute(select(
-                ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code, ATTEMPTS.c.error,
-                ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome).where(ATTEMPTS.c.outbox_id.in_([row.id for row in rows]))
-                .order_by(ATTEMPTS.c.attempted_at)):
+        for attempt in connection.execute(select(*ATTEMPT_COLUMNS).where(
+                ATTEMPTS.c.outbox_id.in_([row.id for row in rows])).order_by(ATTEMPTS.c.attempted_at)):
             tries.setdefault(attempt[0], []).append(Attempt(*attempt))
     return [StoredMessage(row.id, row.destination, row.source, row.message_type, row.message_id, row.user_id,
                           row.state, row.reason, row.attempts, row.created_at, row.first_attempt_at,
                           row.next_attempt_at, row.body, tries.get(row.id, [])) for row in rows]
+
+
+def _time(value: datetime | None) -> str:
+    return value.isoformat(sep=" ", timespec="milliseconds") if value else ""
+
+
+def message_document(message: StoredMessage) -> dict[str, Any]:
+    """``message`` as JSON-ready data: what ``messages list --json`` and ``show --json`` print and the admin API
+    answers (times as naive-UTC text to the millisecond; the body as JSON; every attempt with the receiver's
+    answer)."""
+    return {
+        "id": message.id, "state": message.state, "destination": message.destination, "source": message.source,
+        "type": message.message_type, "messageId": message.message_id, "userId": message.user_id,
+        "reason": message.reason, "attempts": message.attempts, "created_at": _time(message.created_at),
+        "first_attempt_at": _time(message.first_attempt_at),
+        ("next_attempt_at" if message.state == PENDING else "finished_at"): _time(message.at),
+        "body": None if message.body is None else orjson.loads(message.body),
+        "tries": [{"attempted_at": _time(attempt.attempted_at), "url": attempt.url,
+                   "status_code": attempt.status_code, "latency_ms": round(attempt.latency_ms, 1),
+                   "error": attempt.error, "outcome": attempt.outcome, "response": attempt.response}
+                  for attempt in message.tries],
+    }

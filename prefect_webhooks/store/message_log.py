@@ -119,8 +119,16 @@ class Leaving:
 
 _QUEUED_COLUMNS = (OUTBOX.c.id, OUTBOX.c.destination, OUTBOX.c.source, OUTBOX.c.message_type, OUTBOX.c.message_id,
                    OUTBOX.c.user_id, OUTBOX.c.body, OUTBOX.c.created_at, OUTBOX.c.attempts, OUTBOX.c.first_attempt_at)
-_ATTEMPT_COLUMNS = (ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code,
-                    ATTEMPTS.c.error, ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome)
+# An attempt's columns in ``Attempt``'s order.
+ATTEMPT_COLUMNS = (ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code,
+                   ATTEMPTS.c.error, ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome, ATTEMPTS.c.response)
+
+
+def attempt_rows(attempts: Iterable[Attempt]) -> list[dict[str, Any]]:
+    """``delivery_attempts`` rows of ``attempts`` (of queued messages)."""
+    return [{"outbox_id": a.outbox_id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
+             "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome, "response": a.response}
+            for a in attempts]
 
 
 def move_to_log(
@@ -154,10 +162,9 @@ def move_to_log(
     moved_ids = [row[0] for row in queued]
     partitions = partitions_for(connection, {(KIND_OF_STATE[row.state], row.finished_at) for row in leaving})
     tries: dict[int, list[Attempt]] = {}
-    for outbox_id, at, url, status, error, latency, outcome in connection.execute(
-            delete(ATTEMPTS).where(ATTEMPTS.c.outbox_id.in_(moved_ids)).returning(*_ATTEMPT_COLUMNS)):
-        tries.setdefault(outbox_id, []).append(Attempt(outbox_id, read_store_time(at), url, status, error, latency,
-                                                       outcome))
+    for outbox_id, at, *rest in connection.execute(
+            delete(ATTEMPTS).where(ATTEMPTS.c.outbox_id.in_(moved_ids)).returning(*ATTEMPT_COLUMNS)):
+        tries.setdefault(outbox_id, []).append(Attempt(outbox_id, read_store_time(at), *rest))
     for attempt in new_attempts:
         if attempt.outbox_id in by_id:
             tries.setdefault(attempt.outbox_id, []).append(attempt)

@@ -21,7 +21,7 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.endpoint_counters import add_requests
 from prefect_webhooks.store.engines import get_engine, insert_rows
-from prefect_webhooks.store.message_log import Leaving, move_to_log
+from prefect_webhooks.store.message_log import Leaving, attempt_rows, move_to_log
 from prefect_webhooks.store.ordering import claimable_in_order
 from prefect_webhooks.store.replay import replay_failed as replay_failed  # its home before the replay module
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
@@ -306,10 +306,7 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
     leaving_ids = {row.id for row in leaving}
     with engine.begin() as connection:
         counts = move_to_log(connection, leaving, records.attempts)
-        insert_rows(connection, ATTEMPTS, [
-            {"outbox_id": a.outbox_id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
-             "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome}
-            for a in records.attempts if a.outbox_id not in leaving_ids])
+        insert_rows(connection, ATTEMPTS, attempt_rows(a for a in records.attempts if a.outbox_id not in leaving_ids))
         if records.rescheduled:
             connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,

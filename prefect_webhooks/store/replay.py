@@ -21,11 +21,11 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection, Engine
 
-from prefect_webhooks.messages.outcomes import FAILED, FILTERED, PENDING
+from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
 from prefect_webhooks.store.engines import get_engine, insert_rows
-from prefect_webhooks.store.log_partitions import STATE_CODES, Partition, kept_partitions
+from prefect_webhooks.store.log_partitions import STATE_CODES, Partition, kept_partitions, partition_table
 from prefect_webhooks.store.log_records import epoch_ms
-from prefect_webhooks.store.message_log import KeptMessage, decode_rows
+from prefect_webhooks.store.message_log import KeptMessage, attempt_rows, decode_rows, find_kept
 from prefect_webhooks.store.tables import DeliveryAttempt, LogName, OutboxMessage, store_now, to_store_time
 
 OUTBOX = OutboxMessage.__table__
@@ -111,13 +111,14 @@ def count_selected(engine: Engine, selection: ReplaySelection) -> int:
         return sum(len(messages) for _, messages in _chunks(connection, selection, DEFAULT_CHUNK))
 
 
-def put_back(connection: Connection, partition: Partition, messages: Sequence[KeptMessage]) -> int:
-    """Move ``messages`` of ``partition`` back into the queue, pending and due now, in the caller's transaction.
+def put_back(connection: Connection, partition: Partition | str, messages: Sequence[KeptMessage]) -> int:
+    """Move ``messages`` of ``partition`` (or the partition of that name) back into the queue, pending and due now,
+    in the caller's transaction.
 
     Returns:
         How many were put back (a message another replay or retention took meanwhile is left alone).
     """
-    table = partition.table
+    table = partition_table(partition) if isinstance(partition, str) else partition.table
     taken = set(connection.execute(delete(table).where(table.c.id.in_([m.id for m in messages]))
                                    .returning(table.c.id)).scalars())
     now = store_now()
@@ -126,9 +127,7 @@ def put_back(connection: Connection, partition: Partition, messages: Sequence[Ke
         {"id": m.id, "destination": m.destination, "source": m.content.source, "message_type": m.content.message_type,
          "message_id": m.content.message_id, "user_id": m.content.user_id, "body": m.content.body, "state": PENDING,
          "attempts": 0, "created_at": m.content.created_at, "next_attempt_at": now} for m in back])
-    insert_rows(connection, ATTEMPTS, [
-        {"outbox_id": m.id, "attempted_at": a.attempted_at, "url": a.url, "status_code": a.status_code,
-         "error": a.error, "latency_ms": a.latency_ms, "outcome": a.outcome} for m in back for a in m.content.tries])
+    insert_rows(connection, ATTEMPTS, attempt_rows(attempt for message in back for attempt in message.content.tries))
     return len(back)
 
 
@@ -194,3 +193,41 @@ def replay_failed(
     names = (destination,) if isinstance(destination, str) else tuple(destination)
     selection = ReplaySelection(names, since, until, created_after, created_before, reason_prefix, filtered)
     return replay_selection(selection, engine=engine)
+
+
+RESENT = "queued again"
+
+
+def resend_messages(ids: Sequence[int], *, engine: Engine | None = None) -> dict[int, str]:
+    """Send kept messages again: each delivered or failed one goes back into the queue with its number (the receiver
+    sees the same webhook id), due now, and is signed with the destination's current secret when it is sent; its
+    earlier attempts stay with it and the new one is added.
+
+    Args:
+        ids: The messages' numbers (as ``messages list`` shows them).
+        engine: The store; the configured one by default.
+
+    Returns:
+        Per id, ``RESENT`` or why it was not: still queued, filtered, purged by a deletion request, or neither queued
+        nor kept.
+    """
+    engine = engine or get_engine()
+    wanted = list(dict.fromkeys(ids))
+    outcome: dict[int, str] = {}
+    with engine.begin() as connection:
+        queued = set(connection.execute(select(OUTBOX.c.id).where(OUTBOX.c.id.in_(wanted))).scalars())
+        outcome.update((number, "still queued: it is sent when it is due") for number in queued)
+        by_partition: dict[str, list[KeptMessage]] = {}
+        for message in find_kept(connection, ids=[number for number in wanted if number not in queued]):
+            if message.content.body is None:
+                outcome[message.id] = "purged by a deletion request: nothing to send"
+            elif message.state not in (DELIVERED, FAILED):
+                outcome[message.id] = (f"{message.state}: the destination's rules dropped it (replay --filtered "
+                                       "puts filtered messages back)")
+            else:
+                by_partition.setdefault(message.partition, []).append(message)
+        for partition, messages in by_partition.items():
+            put_back(connection, partition, messages)
+            outcome.update((message.id, RESENT) for message in messages)
+    return {number: outcome.get(number, "neither queued nor kept (removed by retention, or never stored)")
+            for number in wanted}

@@ -83,6 +83,9 @@ class EndpointState(SQLModel, table=True):
     parked_until: float = Field(default=0.0, description="Where the next message put off for budget is placed.")
     paused_until: float = Field(default=0.0, description="No request before this (a receiver's Retry-After).")
     ramp_started_at: float = Field(default=0.0, description="When the endpoint began ramping up again.")
+    ramp_start_rate: float | None = Field(default=None, description=(
+        "Requests per second the ramp began from: a share of the endpoint's recent healthy rate, at least the "
+        "ramp_up_start_rate setting (None: that setting)."))
     failures: int = Field(default=0, description="Requests in a row that got no 2xx.")
     failing_since: NaiveDatetime | None = None
     last_error: str | None = None
@@ -132,6 +135,7 @@ class DeliveryAttempt(SQLModel, table=True):
     error: str | None = None
     latency_ms: float = 0.0
     outcome: str = Field(max_length=16, description="delivered, retry or permanent.")
+    response: str | None = Field(default=None, description="The start of the receiver's answer, secrets masked.")
 
 
 class SeenMessage(SQLModel, table=True):

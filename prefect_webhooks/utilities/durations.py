@@ -1,12 +1,14 @@
-"""Durations written the way people write them: ``90`` or ``90s``, ``15m``, ``24h``, ``7d``.
+"""Durations written the way people write them: ``90`` or ``90s``, ``15m``, ``24h``, ``7d``; and times given as a
+duration ago (``--since 2h``).
 
-The one parser for every duration the project reads from a person (retention settings, a rotation window).
+The one parser for every duration and past time the project reads from a person (retention settings, a rotation
+window, a lookup's window on the command line or the admin API).
 """
 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -32,3 +34,19 @@ def duration_seconds(value: object) -> object:
     if isinstance(value, str):
         return parse_duration(value).total_seconds()
     return value
+
+
+def past_time(text: str) -> datetime:
+    """An ISO 8601 time (naive means UTC), or a duration ago such as ``2h`` or ``7d``, as an aware UTC time.
+
+    Raises:
+        ValueError: naming what was given.
+    """
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            return datetime.now(timezone.utc) - parse_duration(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is neither an ISO 8601 time nor a duration (2h, 7d)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

@@ -196,3 +196,21 @@ async def test_a_drain_brings_nothing_forward_for_a_probe_but_a_continuous_run_d
             # A continuous run does, so the probe goes out on time.
             await deliver_due(DeliveryOptions(run_for_seconds=1.0, idle_sleep=0.1), context=context)
             assert len(down.requests) >= 4
+
+
+def test_the_recent_peak_rate_is_the_best_ten_seconds_of_the_last_two_minutes() -> None:
+    from prefect_webhooks.delivery.circuit import SuccessRate
+
+    rate = SuccessRate()
+    for second in range(1000, 1030):  # 2,000 a second for 30 s, then an outage: nothing
+        for n in range(2000):
+            rate.add(second + n / 2000)
+    assert rate.peak(1040.0) == 2000.0
+    assert rate.peak(1100.0) == 2000.0  # an outage of a minute still remembers the rate before it
+    assert rate.peak(1200.0) == 0.0  # older than two minutes: forgotten
+    guard = EndpointGuard(threshold=5, cooldown=30.0, concurrency=4)
+    assert guard.recent_peak_rate("https://a.example.com/in") == 0.0
+    for _ in range(30):
+        guard.record("https://a.example.com/in", True)
+    guard.record("https://a.example.com/in", False)
+    assert guard.recent_peak_rate("https://a.example.com/in") == pytest.approx(3.0)  # 30 in one second, over ten

@@ -49,7 +49,7 @@ def test_burst_lets_that_many_go_at_once(backend_url: str) -> None:
 
 def test_a_pause_delays_every_slot_and_a_new_limit_resets_the_schedule(backend_url: str) -> None:
     take(30)
-    pause(get_engine(), "d", "k1", "u", 5.0, ramp=False)
+    pause(get_engine(), "d", "k1", "u", 5.0, ramp_from=None)
     paused = take(1, returning=True, horizon=100.0)
     assert paused.delays[0] >= 4.9
     changed = take(1, Limit("k1", "u", 50.0), horizon=100.0)
@@ -88,3 +88,23 @@ def test_concurrent_callers_never_share_a_slot(backend_url: str) -> None:
     assert len(slots) == 120
     slots.sort()
     assert min(b - a for a, b in zip(slots, slots[1:], strict=False)) == pytest.approx(0.01, abs=1e-6)
+
+
+
+def test_a_ramp_starts_from_the_rate_kept_with_the_endpoint(backend_url: str) -> None:
+    from prefect_webhooks.store.endpoint_states import start_ramps
+
+    unlimited = Limit("k1", "http://127.0.0.1/hook", None)
+    start_ramps(get_engine(), [("d", "k1", "http://127.0.0.1/hook")], 1000.0)
+    assert read_states(get_engine(), ["d"])[("d", "k1")].ramp_start_rate == 1000.0
+    delays = take(200, unlimited, horizon=10.0, ramp=Ramp(5.0, 60.0)).delays
+    # 200 requests at about 1,000 a second take about 0.2 s (from the setting's 5 a second: 40 s).
+    assert 0.15 < max(delays) < 0.25, max(delays)
+
+
+def test_a_ramp_from_the_endpoints_own_rate_doubles_every_two_seconds() -> None:
+    ramp = Ramp(5.0, 60.0)
+    assert ramp.rate(100.0, 100.0, 1000.0) == 1000.0
+    assert ramp.rate(100.0, 102.0, 1000.0) == pytest.approx(2000.0)
+    assert math.isinf(ramp.rate(100.0, 112.0, 1000.0))
+    assert ramp.rate(100.0, 110.0, 5.0) == pytest.approx(10.0)  # from the setting's rate: over the whole minute

@@ -140,7 +140,9 @@ def add_admin_routes(app: FastAPI, engine: Engine | None = None) -> None:
             return refused(error)
         return answer(200, await run_in_threadpool(_page, engine or get_engine(), query, limit))
 
-    @app.get(ADMIN_PREFIX + "/messages/{number}", summary="One message with every attempt (admin)", tags=["admin"])
+    # ``:int``: only a number names a message, so ``/messages/resend`` never reaches this route.
+    @app.get(ADMIN_PREFIX + "/messages/{number:int}", summary="One message with every attempt (admin)",
+             tags=["admin"])
     async def show_message(request: Request, number: int) -> Response:
         try:
             check_admin(request)

@@ -81,9 +81,8 @@ def ingest(
     """Run the Segment-compatible ingest API (uvicorn)."""
     import uvicorn
 
-    from prefect_webhooks.inbound.api import create_app
+    from prefect_webhooks.serving.service import create_service_app
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
     settings = get_settings()
     if workers > 1:
@@ -91,8 +90,7 @@ def ingest(
         app_or_factory: Any = "prefect_webhooks.serving.service:create_service_app"
         options: dict[str, Any] = {"factory": True, "workers": workers}
     else:
-        app_or_factory, options = create_app(), {}
-        tune_gc_for_serving()
+        app_or_factory, options = create_service_app(), {}
     uvicorn.run(
         app_or_factory,
         host=host or settings.ingest.ingest_host,

@@ -208,8 +208,8 @@ class ServeSettings(_SettingsGroup):
     admin_token: SecretStr | None = Field(
         default=None,
         description=(
-            "Bearer token of the admin API (`/v1/admin/`: look messages up, send them again); not a write key. "
-            "Empty: the admin API is off."
+            "Bearer token of the admin API (`/v1/admin/`: look messages up, send them again) and the console "
+            "(`/console`); not a write key. Empty: both are off."
         ),
     )
 

@@ -4,6 +4,7 @@ It runs an aiohttp server in its own thread and event loop, records every reques
 raw body, time), and answers from a script: a list of behaviours consumed one per request, then ``default``.
 A behaviour is an int status, or a dict ``{"status": 429, "headers": {...}, "delay": 6.0, "reset": True, "text":
 "...", "echo_headers": True}`` (the answer's text, "ok" by default; the request's headers as JSON before it).
+An ``answer_for`` (raw body → behaviour, or None for the script) picks a behaviour by what was sent.
 With a ``verifier`` (raw body, headers → accepted?) a request it refuses is answered 401 and kept in ``rejected``,
 as a receiver checking signatures would.
 """
@@ -42,6 +43,7 @@ class Receiver:
     port: int = 0
     verifier: Callable[[bytes, dict[str, str]], bool] | None = None
     rejected: list[ReceivedRequest] = field(default_factory=list)
+    answer_for: Callable[[bytes], Any] | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -68,7 +70,8 @@ class Receiver:
             with self._lock:
                 self.rejected.append(received)
             return web.Response(status=401, text="bad signature")
-        behaviour = self._next_behaviour()
+        chosen = self.answer_for(body) if self.answer_for is not None else None
+        behaviour = chosen if chosen is not None else self._next_behaviour()
         if isinstance(behaviour, int):
             behaviour = {"status": behaviour}
         if behaviour.get("delay"):

@@ -23,7 +23,7 @@ STAGE_ORDER = (
     ("blocks",),
     ("store",),
     ("client", "inbound", "delivery", "audiences", "deletions"),
-    ("flows", "deployments"),
+    ("flows", "deployments", "console"),
     ("serving",),
     ("demo",),
     ("commands",),

@@ -115,15 +115,13 @@ def _requests_as_sent(message: StoredMessage, key: str) -> list[str]:
     """The requests ``message`` makes now (its destination block as saved, its own id), secrets masked."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.commands.named_blocks import named_block
-    from prefect_webhooks.delivery.preview import preview_requests
-    from prefect_webhooks.signing.headers import message_key_prefix
+    from prefect_webhooks.delivery.preview import stored_message_requests
 
     if message.body is None:
-        return ["(purged by a deletion request: no request is made)"]
+        return stored_message_requests(None, None, message.id, key)
     with named_block("messages show", "WebhookDestination", message.destination):
         block = WebhookDestination.load(message.destination)
-    return [shown.text() for shown in preview_requests(block, [json.loads(message.body)],
-                                                        key_prefix=message_key_prefix(key), numbers=[message.id])]
+    return stored_message_requests(block, message.body, message.id, key)
 
 
 @messages_app.command("resend")

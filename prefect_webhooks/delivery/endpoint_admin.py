@@ -3,9 +3,10 @@ enabling or disabling them (the block's ``disabled_endpoints`` and the store's h
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.enabling import adisable_positions, aenable_endpoints
@@ -29,6 +30,8 @@ class EndpointView:
     failures: int
     failing_since: datetime | None
     last_error: str | None
+    disabled_reason: str | None = None
+    paused_until: datetime | None = None
 
 
 async def endpoint_views(name: str) -> list[EndpointView]:
@@ -45,8 +48,11 @@ async def endpoint_views(name: str) -> list[EndpointView]:
         # Disabling ends the store's failure run (the batch already claimed may start another): for a disabled
         # endpoint, the run that disabled it is the one to show, and the block keeps when it began.
         failing_since = (entry.failing_since if entry else None) or (row.failing_since if row else None)
+        paused = row.paused_until if row and row.paused_until > time.time() else None
+        paused_until = datetime.fromtimestamp(paused, timezone.utc).replace(tzinfo=None) if paused else None
         views.append(EndpointView(position, display_url(endpoint.url), limit, state, row.failures if row else 0,
-                                  failing_since, row.last_error if row else None))
+                                  failing_since, row.last_error if row else None, entry.reason if entry else None,
+                                  paused_until))
     return views
 
 

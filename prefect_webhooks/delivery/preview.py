@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.endpoint_auth import BearerToken
@@ -92,6 +94,19 @@ def preview_requests(
         notes = _notes(saved, len(requests))
         previews += [_previewed(position, request, secret_names, notes) for request in requests]
     return previews
+
+
+def stored_message_requests(
+    block: WebhookDestination | None, body: bytes | None, number: int, store_key: str
+) -> list[str]:
+    """The requests a stored message makes now (``block`` as saved, the message's own id), secrets masked, as text;
+    what ``messages show --request`` and the console print."""
+    from prefect_webhooks.signing.headers import message_key_prefix
+
+    if body is None or block is None:
+        return ["(purged by a deletion request: no request is made)"]
+    return [shown.text() for shown in preview_requests(block, [orjson.loads(body)],
+                                                        key_prefix=message_key_prefix(store_key), numbers=[number])]
 
 
 def _previewed(position: int, request: Request, secret_names: set[str], notes: list[str]) -> PreviewedRequest:

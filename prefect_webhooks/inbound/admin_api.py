@@ -100,7 +100,8 @@ def message_query(parameters: Any) -> tuple[MessageQuery, int]:
     return query, _limit(parameters.get("limit"))
 
 
-def _page(engine: Engine, query: MessageQuery, limit: int) -> dict[str, Any]:
+def messages_page(engine: Engine, query: MessageQuery, limit: int) -> dict[str, Any]:
+    """One page of messages as JSON documents, with the cursor of the next page (None after the last)."""
     with engine.connect() as connection:
         found = find_messages(connection, query, limit=limit + 1)
     page = found[:limit]
@@ -108,7 +109,8 @@ def _page(engine: Engine, query: MessageQuery, limit: int) -> dict[str, Any]:
             "next_cursor": encode_cursor(page[-1].position) if len(found) > limit else None}
 
 
-def _one(engine: Engine, number: int) -> StoredMessage | None:
+def one_message(engine: Engine, number: int) -> StoredMessage | None:
+    """Message ``number``, queued or kept, or None."""
     with engine.connect() as connection:
         found = find_messages(connection, MessageQuery(ids=[number]), limit=1)
     return found[0] if found else None
@@ -138,7 +140,7 @@ def add_admin_routes(app: FastAPI, engine: Engine | None = None) -> None:
             query, limit = message_query(request.query_params)
         except AdminError as error:
             return refused(error)
-        return answer(200, await run_in_threadpool(_page, engine or get_engine(), query, limit))
+        return answer(200, await run_in_threadpool(messages_page, engine or get_engine(), query, limit))
 
     # ``:int``: only a number names a message, so ``/messages/resend`` never reaches this route.
     @app.get(ADMIN_PREFIX + "/messages/{number:int}", summary="One message with every attempt (admin)",
@@ -148,7 +150,7 @@ def add_admin_routes(app: FastAPI, engine: Engine | None = None) -> None:
             check_admin(request)
         except AdminError as error:
             return refused(error)
-        message = await run_in_threadpool(_one, engine or get_engine(), number)
+        message = await run_in_threadpool(one_message, engine or get_engine(), number)
         if message is None:
             return refused(AdminError(404, "not_found", f"no message {number} is queued or kept"))
         return answer(200, message_document(message))

@@ -2,7 +2,8 @@
 
 It supervises its child processes, each in its own process group:
 
-- the ingest API: uvicorn running ``create_service_app`` (the ingest app with ``/metrics`` and ``/health/backlog``),
+- the ingest API: uvicorn running ``create_service_app`` (the ingest app with ``/metrics``, ``/health/backlog``, the
+  admin API and the console),
   one process or ``ingest_workers`` processes sharing the port;
 - the delivery worker(s): ``python -m prefect_webhooks.serving.delivery_worker``, each running the runs of the
   ``deliver/continuous`` deployment in its own warm process (see that module); started together with the API, so
@@ -56,12 +57,16 @@ DEFAULT_GRACE_SECONDS = 30.0
 
 
 def create_service_app() -> Any:
-    """The ingest API app (its monitoring routes included) in a process tuned for serving (a uvicorn ``--factory``
-    target)."""
+    """The ingest API app (its monitoring and admin routes included) with the console's pages, in a process tuned
+    for serving (a uvicorn ``--factory`` target)."""
+    from prefect_webhooks.console import add_console_routes
     from prefect_webhooks.inbound.api import create_app
+    from prefect_webhooks.store.engines import get_engine
     from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
-    app = create_app()
+    engine = get_engine()
+    app = create_app(engine=engine)
+    add_console_routes(app, engine)
     tune_gc_for_serving()
     return app
 

@@ -10,20 +10,23 @@ is the sum. SQLite has one writer at a time anyway and uses one row.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from prefect_webhooks.store.minute_counts import add_minute_outcomes
+from prefect_webhooks.store.minute_counts import add_minute_outcomes, add_minute_reasons
 from prefect_webhooks.store.tables import OutcomeCounter, dialect_insert, store_now
 
 COUNTERS = OutcomeCounter.__table__
 SHARDS = 16
 
 
-def add_outcomes(connection: Connection, counts: Mapping[tuple[str, str], int]) -> None:
-    """Add ``{(destination, outcome): n}`` to the totals and to this minute's counts, in the caller's transaction.
+def add_outcomes(connection: Connection, counts: Mapping[tuple[str, str], int],
+                 ended: Iterable[tuple[str, str, str | None, int]] = ()) -> None:
+    """Add ``{(destination, outcome): n}`` to the totals and to this minute's counts, and the reasons of ``ended``
+    ``(destination, outcome, reason, id)`` failed and filtered messages to this minute's, in the caller's
+    transaction.
 
     The rows are written in sorted key order: two transactions adding to the same destinations lock them in the
     same order and cannot deadlock.
@@ -33,12 +36,14 @@ def add_outcomes(connection: Connection, counts: Mapping[tuple[str, str], int]) 
             for (destination, outcome), count in sorted(counts.items()) if count]
     if not rows:
         return
+    now = store_now()
+    add_minute_reasons(connection, ended, now, shard)
     statement = dialect_insert(connection)(COUNTERS).values(rows)
     connection.execute(statement.on_conflict_do_update(
         index_elements=[COUNTERS.c.destination, COUNTERS.c.outcome, COUNTERS.c.shard],
         set_={"count": COUNTERS.c.count + statement.excluded.count},
     ))
-    add_minute_outcomes(connection, counts, store_now(), shard)
+    add_minute_outcomes(connection, counts, now, shard)
 
 
 def outcome_totals(connection: Connection) -> dict[str, dict[str, int]]:

@@ -312,5 +312,6 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
                  "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
                  "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled])
-        add_outcomes(connection, counts)
+        add_outcomes(connection, counts, [(row.destination, FAILED, row.reason, row.id) for row in records.failed]
+                     + [(row.destination, FILTERED, row.reason, row.id) for row in records.filtered])
         add_requests(connection, records.requests)

@@ -345,3 +345,23 @@ class OutcomeMinute(SQLModel, table=True):
     outcome: str = Field(primary_key=True, max_length=16, description="delivered, failed or filtered.")
     shard: int = Field(primary_key=True, default=0)
     count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+
+
+class ReasonMinute(SQLModel, table=True):
+    """Failed and filtered messages per destination, minute and kind of reason, with the newest one as a sample:
+    the console's top failure reasons, read without touching a message.
+
+    Written with ``OutcomeMinute`` in the transaction that records the outcomes (``minute_counts.add_minute_reasons``)
+    and pruned with it. ``reason`` is the reason with what varies per message taken out (``minute_counts.reason_kind``).
+    """
+
+    __tablename__ = "reason_minutes"
+
+    destination: str = Field(primary_key=True, max_length=255)
+    minute: NaiveDatetime = Field(primary_key=True, description="The minute's start, naive UTC.")
+    outcome: str = Field(primary_key=True, max_length=16, description="failed or filtered.")
+    reason: str = Field(primary_key=True, max_length=200, description="The kind of reason (see reason_kind).")
+    shard: int = Field(primary_key=True, default=0)
+    count: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    sample_id: int = Field(default=0, sa_column=Column(BigInteger, nullable=False),
+                           description="The newest message with this reason in this minute.")

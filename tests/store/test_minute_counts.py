@@ -12,7 +12,16 @@ from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.minute_counts import KEPT_FOR, MINUTES, minute_of, minute_series
+from prefect_webhooks.store.minute_counts import (
+    KEPT_FOR,
+    MINUTES,
+    REASONS,
+    ReasonCount,
+    minute_of,
+    minute_series,
+    reason_kind,
+    top_reasons,
+)
 from prefect_webhooks.store.outbox import enqueue
 from prefect_webhooks.store.retention import prune_store
 from prefect_webhooks.store.tables import store_now
@@ -33,6 +42,8 @@ async def test_a_delivery_run_counts_its_outcomes_in_the_minute_they_were_record
             after = store_now()
     assert len(receiver.requests) == 10
     with get_engine().connect() as connection:
+        # The three 400s are one kind of reason; its sample is the newest of them.
+        assert top_reasons(connection, "crm", after) == [ReasonCount(FAILED, "permanent: HTTP 400", 3, 10)]
         series = minute_series(connection, "crm", after, minutes=5)
         assert series.totals() == {DELIVERED: 7, FAILED: 3, FILTERED: 0}
         # Every count sits in a minute the run was recording in.
@@ -59,10 +70,39 @@ def test_pruning_removes_minutes_older_than_a_day_and_keeps_the_rest(backend_url
     engine = get_engine()
     now = store_now()
     with engine.begin() as connection:
-        add_outcomes(connection, {("crm", DELIVERED): 3})
+        add_outcomes(connection, {("crm", DELIVERED): 3}, [("crm", FAILED, "permanent: HTTP 410", 1)])
     report = prune_store(engine, now=now + KEPT_FOR - timedelta(minutes=2))
     assert report.removed["outcome_minutes"] == 0
     report = prune_store(engine, now=now + KEPT_FOR + timedelta(minutes=2))
     assert report.removed["outcome_minutes"] >= 1
     with engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(MINUTES)).scalar() == 0
+        assert connection.execute(select(func.count()).select_from(REASONS)).scalar() == 0
+
+
+def test_reasons_are_counted_by_kind_with_the_newest_message_as_sample(backend_url: str) -> None:
+    engine = get_engine()
+    now = store_now()
+    with engine.begin() as connection:
+        add_outcomes(connection, {("crm", FAILED): 3, ("crm", FILTERED): 1}, [
+            ("crm", FAILED, "expired: HTTP 503 (after 9 attempts)", 4),
+            ("crm", FAILED, "expired: HTTP 503; Retry-After 2026-03-04 05:06:07 UTC (after 12 attempts)", 9),
+            ("crm", FAILED, "permanent: HTTP 410", 2), ("crm", FILTERED, "rule 1: event is Ping", 5)])
+    with engine.begin() as connection:  # another transaction in the same minute adds to the same rows
+        add_outcomes(connection, {("crm", FAILED): 1, ("other", FAILED): 1}, [
+            ("crm", FAILED, "expired: HTTP 503 (after 3 attempts)", 7), ("other", FAILED, "permanent: HTTP 410", 8)])
+    with engine.connect() as connection:
+        assert top_reasons(connection, "crm", now + timedelta(seconds=61)) == [
+            ReasonCount(FAILED, "expired: HTTP 503", 3, 9), ReasonCount(FAILED, "permanent: HTTP 410", 1, 2),
+            ReasonCount(FILTERED, "rule 1: event is Ping", 1, 5)]
+        assert top_reasons(connection, "crm", now, limit=1)[0].count == 3
+        # Only the span asked for: a day later nothing is in it.
+        assert top_reasons(connection, "crm", now + timedelta(days=1, minutes=2)) == []
+
+
+def test_a_reason_kind_drops_what_varies_per_message_and_stays_short() -> None:
+    assert reason_kind("expired: connection error: timeout (after 1 attempt)") == "expired: connection error: timeout"
+    assert reason_kind("disabled: failing since 2026-03-04 05:06:07 UTC: HTTP 500") == (
+        "disabled: failing since …: HTTP 500")
+    assert reason_kind(None) == "(no reason)"
+    assert len(reason_kind("permanent: " + "x" * 500)) == 200

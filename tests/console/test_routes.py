@@ -1,0 +1,107 @@
+"""The console's access rules and actions, over HTTP against a real ``prefect-webhooks ingest`` (uvicorn): off until a
+token is set, a session cookie only a signed-in browser holds, forms that only the console's own pages can send,
+and replay and endpoint actions that go through the command line's paths."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from prefect.settings import PREFECT_API_URL
+
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.messages.outcomes import FAILED, PENDING
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.outbox import enqueue
+from tests.servers import ingest_api_process
+from tests.stored import every_message, finish
+
+TOKEN = "console-t0ken-for-route-tests"
+
+
+def signed_in(url: str) -> httpx.Client:
+    client = httpx.Client(base_url=url)
+    answer = client.post("/console/sign-in", data={"token": TOKEN, "next": "/console"})
+    assert answer.status_code == 303 and answer.headers["location"] == "/console"
+    cookie = answer.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+    assert TOKEN not in cookie
+    return client
+
+
+def form_token(client: httpx.Client, path: str) -> str:
+    page = client.get(path)
+    assert page.status_code == 200, page.text
+    return re.search(r'name="csrf" value="([0-9a-f]+)"', page.text).group(1)  # type: ignore[union-attr]
+
+
+def test_the_console_is_off_until_a_token_is_set(prefect_harness: None, store_url: str) -> None:
+    with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value(),
+                            env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": ""}) as server:
+        off = httpx.get(f"{server.url}/console")
+        signing_in = httpx.post(f"{server.url}/console/sign-in", data={"token": "anything"})
+    assert off.status_code == 404 and "set PREFECT_WEBHOOKS_ADMIN_TOKEN" in off.text
+    assert signing_in.status_code == 404
+
+
+def test_sessions_forms_and_actions(prefect_harness: None, store_url: str) -> None:
+    WebhookDestination(endpoints=[{"url": "http://127.0.0.1:9/a"}, {"url": "http://127.0.0.1:9/b"}]).save(
+        "console-actions", overwrite=True)
+    enqueue("console-actions", [{"type": "track", "userId": f"u{n}", "event": "E"} for n in range(4)])
+    finish(store_url, [1, 2, 3], FAILED, reason="permanent: HTTP 410", attempts=1)
+    with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value(),
+                            env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": TOKEN}) as server:
+        # No session: every page is the sign-in form (401); a wrong token does not sign in; bearer works for scripts.
+        assert httpx.get(f"{server.url}/console/destinations/console-actions").status_code == 401
+        wrong = httpx.post(f"{server.url}/console/sign-in", data={"token": "nope"})
+        assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+        bearer = httpx.get(f"{server.url}/console", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bearer.status_code == 200 and "console-actions" in bearer.text
+        assert bearer.headers["x-frame-options"] == "DENY" and bearer.headers["cache-control"] == "no-store"
+        # Off-site next= targets are not followed.
+        assert httpx.post(f"{server.url}/console/sign-in", data={"token": TOKEN, "next": "https://evil.example/"}
+                          ).headers["location"] == "/console"
+
+        client = signed_in(server.url)
+        page = "/console/destinations/console-actions"
+        csrf = form_token(client, f"{page}/replay?since=1h")
+        assert "Put back 3 failed message(s) of console-actions" in client.get(f"{page}/replay?since=1h").text
+        # A form without the session's form token, or sent by another site's page, changes nothing.
+        assert client.post(f"{page}/replay", data={"since": "1h", "confirm": "yes"}).status_code == 403
+        forged = client.post(f"{page}/replay", data={"since": "1h", "csrf": csrf},
+                             headers={"Origin": "https://evil.example"})
+        assert forged.status_code == 403
+        assert [row.state for row in every_message(get_engine(store_url))] == [FAILED] * 3 + [PENDING]
+        # Confirmed: the replay puts them back.
+        done = client.post(f"{page}/replay", data={"since": "1h", "csrf": csrf},
+                           headers={"Origin": server.url})
+        assert done.status_code == 303
+        assert "3 failed message(s) are pending again." in client.get(done.headers["location"]).text
+        assert [row.state for row in every_message(get_engine(store_url))] == [PENDING] * 4
+
+        # Disable endpoint 2, then enable it again, each behind its confirmation.
+        assert "Disable endpoint 2 of console-actions?" in client.get(f"{page}/endpoints/2/disable").text
+        disabled = client.post(f"{page}/endpoints/2/disable", data={"csrf": csrf})
+        assert "Endpoint 2 disabled." in client.get(disabled.headers["location"]).text
+        assert [entry.position for entry in WebhookDestination.load("console-actions").disabled_endpoints] == [2]
+        assert "disabled by hand" in client.get(page).text
+        enabled = client.post(f"{page}/endpoints/2/enable", data={"csrf": csrf})
+        assert "Endpoint 2 enabled." in client.get(enabled.headers["location"]).text
+        assert WebhookDestination.load("console-actions").disabled_endpoints == []
+        assert client.get(f"{page}/endpoints/2/explode").status_code == 404
+
+        # Bad search input is named; signing out ends the session.
+        bad = client.get("/console/messages", params={"state": "lost"})
+        assert bad.status_code == 400 and "state: lost is not one of" in bad.text
+        client.post("/console/sign-out", data={"csrf": csrf})
+        assert client.get("/console").status_code == 401
+        output = server.output()
+    assert TOKEN not in output
+
+
+@pytest.mark.parametrize("path", ["/console", "/console/messages", "/console/messages/1"])
+def test_console_pages_are_not_in_the_api_document(path: str, store_url: str) -> None:
+    from prefect_webhooks.serving.service import create_service_app
+
+    assert path not in create_service_app().openapi()["paths"]

@@ -38,6 +38,7 @@ from prefect_webhooks.inbound.sources import SourceInfo, SourceRegistry
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
 from prefect_webhooks.store.outbox import enqueue
 from tests.receivers import Receiver
 from tests.servers import ROOT, IngestServer, _wait_healthy, free_port, ingest_api_process, save_source
@@ -307,7 +308,11 @@ async def test_a_delivery_run_keeps_secrets_out_of_logs_and_artifacts(
     artifacts = await flow_run_artifacts(flow_run_id)
     assert "deliver:" in logs and artifacts, "the run's logs and artifacts were read"
     reasons = " ".join(str(row.reason) for row in every_message())
-    for text in (logs, caplog.text, orjson.dumps(artifacts).decode(), reasons):
+    # What the store keeps of each attempt, as `messages show`, the admin API and the console show it.
+    with get_engine().connect() as connection:
+        shown = orjson.dumps([message_document(m) for m in find_messages(connection, MessageQuery())]).decode()
+    assert "127.0.0.1:9/hook" in shown
+    for text in (logs, caplog.text, orjson.dumps(artifacts).decode(), reasons, shown):
         for secret in (SECRET_HEADER, "hdr-s3cret", "k3y-s3cret", SHARED_SECRET, URL_TOKEN):
             assert secret not in text
 

@@ -53,7 +53,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], empty: str) ->
         return f"<p>{escape(empty)}</p>"
     head = "".join(f"<th>{escape(name)}</th>" for name in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (f"<table><thead><tr>{head}</tr></thead>" if any(headers) else "<table>") + f"<tbody>{body}</tbody></table>"
 
 
 def _when(moment: datetime | str | None) -> str:

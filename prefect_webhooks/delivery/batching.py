@@ -27,7 +27,7 @@ from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.rate_limits import Slots, slots_for
 from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url, run_paced
-from prefect_webhooks.messages.outcomes import Attempt, Rescheduled
+from prefect_webhooks.messages.outcomes import Rescheduled
 from prefect_webhooks.store.outbox import Claimed, release_leases
 
 logger = logging.getLogger("prefect_webhooks.delivery")
@@ -148,8 +148,8 @@ async def _send(
     writes.count_requests(context.stats, destination.name, [result])
     if result.status == 413 and len(items) > 1:
         reason = f"batch of {len(items)} too large, sent again in halves"
-        writes.records.attempts.extend(Attempt(outbox_id, result.attempted_at, result.url, result.status, reason,
-                                               result.latency_ms, SPLIT, result.answer) for outbox_id, _, _ in items)
+        writes.records.attempts.extend(result.attempt(outbox_id, error=reason, outcome=SPLIT)
+                                       for outbox_id, _, _ in items)
         half = len(items) // 2
         # The halves are two more requests: a rate-limited endpoint's budget paces them too.
         first_at, second_at = await slots_for(context, destination, endpoint, 2)

@@ -15,7 +15,6 @@ from prefect_webhooks.messages.outcomes import (
     DELIVERED,
     PERMANENT,
     RETRY,
-    Attempt,
     Delivered,
     EndpointRequest,
     Failed,
@@ -84,8 +83,7 @@ def decide(
     # A first attempt counts from when its batch began sending (shared by the batch, so updates group well).
     first_attempt_at = row.first_attempt_at or sent_at or min(result.attempted_at for result in results)
     records = writes.records
-    records.attempts.extend(Attempt(row.id, result.attempted_at, result.url, result.status, result.error,
-                                    result.latency_ms, result.outcome, result.answer) for result in results)
+    records.attempts.extend(result.attempt(row.id) for result in results)
     if any(result.outcome == DELIVERED for result in results):
         records.delivered.append(Delivered(row.id, attempts, first_attempt_at, now, row.destination))
         return

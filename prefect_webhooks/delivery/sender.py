@@ -25,19 +25,14 @@ from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
 from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.network import BlockedAddressError, delivery_connector
 from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
-from prefect_webhooks.messages.outcomes import PERMANENT, RETRY
+from prefect_webhooks.messages.outcomes import PERMANENT, RETRY, Attempt
 from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.utilities.urls import display_url
 
 # aiohttp's timeouts raise asyncio.TimeoutError, which is the builtin TimeoutError only from Python 3.11 on.
 TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)
-
-
-def display_url(url: str) -> str:
-    """A URL for logs, reasons and artifacts: scheme, host, port and path; the query (may hold tokens) dropped."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 def tls_context(settings: WebhooksSettings | None = None) -> ssl.SSLContext:
@@ -68,6 +63,13 @@ class RequestResult:
     def summary(self) -> str:
         """The status or error, for a reason text."""
         return f"HTTP {self.status}" if self.status is not None else (self.error or "unknown error")
+
+    def attempt(self, outbox_id: int, *, error: str | None = None, outcome: str | None = None) -> Attempt:
+        """This request's record in message ``outbox_id``'s attempts. The URL is kept as logs show it: its query
+        and credentials may hold tokens, and attempts are shown by ``messages show``, the admin API and the
+        console."""
+        return Attempt(outbox_id, self.attempted_at, display_url(self.url), self.status,
+                       self.error if error is None else error, self.latency_ms, outcome or self.outcome, self.answer)
 
 
 class Sender:

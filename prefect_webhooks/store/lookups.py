@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from prefect_webhooks.messages.outcomes import PENDING, Attempt
 from prefect_webhooks.store.message_log import ATTEMPT_COLUMNS, find_kept
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, to_store_time
+from prefect_webhooks.utilities.urls import display_url
 
 OUTBOX = OutboxMessage.__table__
 ATTEMPTS = DeliveryAttempt.__table__
@@ -183,7 +184,8 @@ def message_document(message: StoredMessage) -> dict[str, Any]:
         "first_attempt_at": _time(message.first_attempt_at),
         ("next_attempt_at" if message.state == PENDING else "finished_at"): _time(message.at),
         "body": None if message.body is None else orjson.loads(message.body),
-        "tries": [{"attempted_at": _time(attempt.attempted_at), "url": attempt.url,
+        # display_url again: attempts recorded before attempt records dropped a URL's query and credentials.
+        "tries": [{"attempted_at": _time(attempt.attempted_at), "url": display_url(attempt.url),
                    "status_code": attempt.status_code, "latency_ms": round(attempt.latency_ms, 1),
                    "error": attempt.error, "outcome": attempt.outcome, "response": attempt.response}
                   for attempt in message.tries],

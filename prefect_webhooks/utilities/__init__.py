@@ -1,7 +1,8 @@
 """Helpers every stage may use, knowing nothing of messages: tuning for long-running processes and lazy imports
 (``runtime``), the Prefect server the commands use (``prefect_api``), lazy re-exports for a package's ``__init__``
-(``exports``), flows that run when called from sync code (``sync_flows``), terminal tables as text (``tables``) and
-the old paths of moved modules (``moved_modules``). Nothing of the data flow passes through here.
+(``exports``), flows that run when called from sync code (``sync_flows``), terminal tables as text (``tables``),
+URLs with what may hold a secret taken out (``urls``) and the old paths of moved modules (``moved_modules``).
+Nothing of the data flow passes through here.
 """
 
 from __future__ import annotations

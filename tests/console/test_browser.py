@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import threading
@@ -123,6 +124,8 @@ def _check_the_console(server: Any, receiver: Receiver, block: WebhookDestinatio
         count, outcome = re.search(r"UTC: (\d+) (\w+)$", title).groups()  # type: ignore[union-attr]
         drawn[outcome] = drawn.get(outcome, 0) + int(count)
     assert drawn == {"delivered": 4, "failed": 1}
+    if os.environ.get("CONSOLE_SCREENSHOTS"):
+        page.screenshot(path=f"{os.environ['CONSOLE_SCREENSHOTS']}/destination.png", full_page=True)
     # The top failure reason, with a sample message.
     reasons = page.locator("h2:has-text('Top failure reasons') + table tbody tr").all_inner_texts()
     assert [re.sub(r"\s+", " ", row).strip() for row in reasons] == [
@@ -161,6 +164,8 @@ def _check_the_console(server: Any, receiver: Receiver, block: WebhookDestinatio
     deliver_once(block)
     page.reload()
     assert _attempts(page) == [("400", "missing field email"), ("200", "ok")]
+    if os.environ.get("CONSOLE_SCREENSHOTS"):
+        page.screenshot(path=f"{os.environ['CONSOLE_SCREENSHOTS']}/message.png", full_page=True)
     assert "delivered" in page.inner_text("table")
     ids = [r.headers.get("Idempotency-Key") for r in receiver.requests if json.loads(r.body)["properties"]["n"]
            == 2]

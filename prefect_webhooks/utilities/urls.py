@@ -1,0 +1,12 @@
+"""A URL as the project shows it anywhere a person or a log reads it: what may hold a secret taken out."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+
+def display_url(url: str) -> str:
+    """A URL for logs, reasons, artifacts and attempt records: scheme, host, port and path; the query (may hold
+    tokens) and credentials dropped."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"

@@ -378,6 +378,9 @@ def test_messages_list_and_show_find_queued_and_kept_messages_with_their_attempt
     failed = json.loads(run("list", "--state", "failed", "--json").stdout)
     assert [(m["id"], m["reason"], m["tries"][0]["status_code"]) for m in failed] == [(2, "permanent: HTTP 410", 410)]
     assert [m["id"] for m in json.loads(run("list", "--user", "bob", "--json").stdout)] == [4]
+    by_reason = json.loads(run("list", "--reason-prefix", "permanent", "--json").stdout)
+    by_endpoint = json.loads(run("list", "--endpoint", "https://hooks.example.com/", "--json").stdout)
+    assert [m["id"] for m in by_reason] == [2] and sorted(m["id"] for m in by_endpoint) == [1, 2, 3]
     shown = run("show", "m-1")
     assert shown.returncode == 0 and "state: failed" in shown.stdout and "reason: permanent: HTTP 410" in shown.stdout
     assert "https://hooks.example.com/in      410" in shown.stdout and '"n": 1' in shown.stdout

@@ -47,11 +47,14 @@ def messages_list(
     ] = None,
     since: Annotated[str | None, typer.Option(help="Only from this time on: ISO 8601, or 2h, 7d ago.")] = None,
     until: Annotated[str | None, typer.Option(help="Only before this time.")] = None,
+    reason_prefix: Annotated[str | None, typer.Option(help="Only messages whose reason starts with this.")] = None,
+    endpoint: Annotated[str | None, typer.Option(help="Only messages with an attempt to this URL (or below).")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.", min=1)] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (with bodies and attempts).")] = False,
 ) -> None:
     """List messages, newest first: a queued one by when it was stored, the others by when they got there."""
-    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
+    from prefect_webhooks.store.lookups import MessageQuery, message_document
+    from prefect_webhooks.store.message_search import SCAN_LIMIT, Refinement, search_messages
     from prefect_webhooks.utilities.tables import table_text
 
     unknown = sorted(set(state or ()) - set(STATES))
@@ -60,7 +63,11 @@ def messages_list(
     with _store_connection("messages list") as connection:
         query = MessageQuery(message_id=message_id, user_id=user, destination=destination, states=state,
                              since=time_option(since, "--since"), until=time_option(until, "--until"))
-        found = find_messages(connection, query, limit=limit)
+        page = search_messages(connection, query, Refinement(reason_prefix, endpoint), limit=limit)
+    found = page.messages
+    if page.resume_at is not None and len(found) < limit:
+        print(f"messages list: read the newest {SCAN_LIMIT:,} messages the other filters match; narrow the search "
+              "with --destination, --since or --until to find older ones", file=sys.stderr)
     if as_json:
         print(json.dumps([message_document(message) for message in found], indent=2))
         return

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from prefect_webhooks.delivery.endpoint_admin import EndpointView
+from prefect_webhooks.store.message_search import SCAN_LIMIT
 from prefect_webhooks.store.minute_counts import ReasonCount
 
 STYLE = """
@@ -144,6 +145,7 @@ def search_form(parameters: Mapping[str, str]) -> str:
     return ('<form method="get" action="/console/messages">' + field("messageId", "messageId")
             + field("userId", "user") + field("destination", "destination")
             + f'<label>state <select name="state">{options}</select></label>' + field("since", "since (2h, ISO)")
+            + field("reasonPrefix", "reason starts with") + field("endpoint", "endpoint URL")
             + "<button>Search</button></form>")
 
 
@@ -156,7 +158,11 @@ def messages_page(parameters: Mapping[str, str], found: Sequence[Mapping[str, An
              str(m["attempts"]), _when(m["created_at"])] for m in found]
     more = ""
     if next_cursor:
-        more = f'<p><a href="/console/messages?{urlencode({**parameters, "cursor": next_cursor})}">Older…</a></p>'
+        older = urlencode({**parameters, "cursor": next_cursor})
+        more = (f'<p><a href="/console/messages?{older}">Older…</a>'
+                + (f" (a search by reason or endpoint reads at most {SCAN_LIMIT:,} messages a page: narrow it by "
+                   "destination or time to see more matches at once)" if "reasonPrefix" in parameters
+                   or "endpoint" in parameters else "") + "</p>")
     return page("Messages", search_form(parameters) + (f'<p class="bad">{escape(error)}</p>' if error else "")
                 + _table(["id", "destination", "type", "messageId", "user", "state", "reason", "attempts",
                           "stored (UTC)"], rows, "No message matches.") + more, csrf=csrf)

@@ -212,10 +212,10 @@ async def _messages(engine: Engine, request: Request, session: str) -> Response:
 
     parameters = {key: value for key, value in request.query_params.items() if value and key != "notice"}
     try:
-        query, limit = message_query(QueryParams(parameters))
+        query, refinement, limit = message_query(QueryParams(parameters))
     except AdminError as error:
         return _html(pages.messages_page(parameters, [], None, error.message, csrf_token(session)), 400)
-    found = await run_in_threadpool(messages_page, engine, query, limit)
+    found = await run_in_threadpool(messages_page, engine, query, refinement, limit)
     shown = {key: value for key, value in parameters.items() if key != "cursor"}
     return _html(pages.messages_page(shown, found["data"], found["next_cursor"], None, csrf_token(session)))
 

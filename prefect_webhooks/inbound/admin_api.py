@@ -24,6 +24,7 @@ from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PEND
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.lookups import MessageQuery, StoredMessage, find_messages, message_document
+from prefect_webhooks.store.message_search import Refinement, search_messages
 from prefect_webhooks.store.replay import resend_messages
 from prefect_webhooks.utilities.durations import past_time
 
@@ -84,9 +85,9 @@ def _limit(value: str | None) -> int:
     return int(value)
 
 
-def message_query(parameters: Any) -> tuple[MessageQuery, int]:
-    """The lookup and page size a ``GET /v1/admin/messages`` query string asks for, or an error naming the
-    parameter."""
+def message_query(parameters: Any) -> tuple[MessageQuery, Refinement, int]:
+    """The lookup, its refinement and the page size a ``GET /v1/admin/messages`` query string asks for, or an error
+    naming the parameter."""
     states: Sequence[str] = parameters.getlist("state")
     unknown = sorted(set(states) - set(STATES))
     if unknown:
@@ -97,16 +98,16 @@ def message_query(parameters: Any) -> tuple[MessageQuery, int]:
         destination=parameters.get("destination"), states=list(states) or None,
         since=_time("since", parameters.get("since")), until=_time("until", parameters.get("until")),
         before=decode_cursor(cursor) if cursor else None)
-    return query, _limit(parameters.get("limit"))
+    refinement = Refinement(reason_prefix=parameters.get("reasonPrefix"), endpoint=parameters.get("endpoint"))
+    return query, refinement, _limit(parameters.get("limit"))
 
 
-def messages_page(engine: Engine, query: MessageQuery, limit: int) -> dict[str, Any]:
+def messages_page(engine: Engine, query: MessageQuery, refinement: Refinement, limit: int) -> dict[str, Any]:
     """One page of messages as JSON documents, with the cursor of the next page (None after the last)."""
     with engine.connect() as connection:
-        found = find_messages(connection, query, limit=limit + 1)
-    page = found[:limit]
-    return {"data": [message_document(message) for message in page],
-            "next_cursor": encode_cursor(page[-1].position) if len(found) > limit else None}
+        page = search_messages(connection, query, refinement, limit=limit)
+    return {"data": [message_document(message) for message in page.messages],
+            "next_cursor": encode_cursor(page.resume_at) if page.resume_at else None}
 
 
 def one_message(engine: Engine, number: int) -> StoredMessage | None:
@@ -137,10 +138,10 @@ def add_admin_routes(app: FastAPI, engine: Engine | None = None) -> None:
     async def list_messages(request: Request) -> Response:
         try:
             check_admin(request)
-            query, limit = message_query(request.query_params)
+            query, refinement, limit = message_query(request.query_params)
         except AdminError as error:
             return refused(error)
-        return answer(200, await run_in_threadpool(messages_page, engine or get_engine(), query, limit))
+        return answer(200, await run_in_threadpool(messages_page, engine or get_engine(), query, refinement, limit))
 
     # ``:int``: only a number names a message, so ``/messages/resend`` never reaches this route.
     @app.get(ADMIN_PREFIX + "/messages/{number:int}", summary="One message with every attempt (admin)",

@@ -45,6 +45,10 @@ def test_messages_are_paged_with_a_cursor_looked_up_and_sent_again(prefect_harne
         assert pages == 3 and sorted(seen) == list(range(1, 13)) and len(set(seen)) == 12
         failed = admin.get("/messages", params=[("state", "failed"), ("userId", "user-2")]).json()["data"]
         assert [(m["id"], m["reason"]) for m in failed] == [(9, "permanent: HTTP 410")]
+        refined = admin.get("/messages", params={"reasonPrefix": "permanent: HTTP 4", "limit": 1}).json()
+        assert [m["id"] for m in refined["data"]] == [9] and refined["next_cursor"]
+        more = admin.get("/messages", params={"reasonPrefix": "permanent: HTTP 4", "cursor": refined["next_cursor"]})
+        assert [m["id"] for m in more.json()["data"]] == [8] and more.json()["next_cursor"] is None
         shown = admin.get("/messages/9").json()
         assert shown["state"] == FAILED and shown["body"]["properties"] == {"n": 8}
         assert admin.get("/messages/999").status_code == 404

@@ -9,10 +9,9 @@ publishes its artifacts once the API answers again; elsewhere the run logs them 
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 from prefect import flow, get_client
@@ -24,6 +23,8 @@ from prefect.utilities.context import get_task_and_flow_run_ids
 from prefect_webhooks.blocks.api_status import PrefectApiUnavailable, prefect_api
 from prefect_webhooks.blocks.rotation import afinish_rotations
 from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, current_shift, deliver_due
+from prefect_webhooks.delivery.stats import artifact_key, filtered_artifact_key
+from prefect_webhooks.settings import get_settings
 from prefect_webhooks.utilities.sync_flows import sync_compatible
 from prefect_webhooks.utilities.tagged_flows import tagged
 
@@ -31,26 +32,14 @@ from prefect_webhooks.utilities.tagged_flows import tagged
 ARTIFACTS_WAIT_SECONDS = 15.0
 
 
-def _slug(destination: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", destination.lower()).strip("-")[:40] or "destination"
-
-
-def artifact_key(destination: str, url: str) -> str:
-    """A stable artifact key per endpoint, so the UI shows each endpoint's history across runs."""
-    return f"delivery-{_slug(destination)}-{hashlib.sha1(url.encode()).hexdigest()[:10]}"
-
-
-def filtered_artifact_key(destination: str) -> str:
-    """A stable artifact key per destination for what its filters dropped."""
-    return f"filtered-{_slug(destination)}-{hashlib.sha1(destination.encode()).hexdigest()[:10]}"
-
-
 def run_artifacts(stats: DeliveryStats) -> list[TableArtifact]:
     """A run's table artifacts: one per endpoint (requests delivered, retried, failed, p50/p95 latency) and one per
     destination whose filters dropped messages (a row per rule)."""
     artifacts = []
+    settings = get_settings()
     for endpoint in stats.endpoints.values():
         row = endpoint.row()
+        console = settings.console_link(f"/destinations/{quote(endpoint.destination, safe='')}")
         artifacts.append(TableArtifact(
             table=[row],
             key=artifact_key(endpoint.destination, endpoint.url),
@@ -58,6 +47,8 @@ def run_artifacts(stats: DeliveryStats) -> list[TableArtifact]:
                 f"Requests to {row['endpoint']} (destination {row['destination']!r}) in this run: 2xx delivered, "
                 "retryable failures (timeouts, connection errors, 5xx, 408, 429) retried, other outcomes failed; "
                 "latency in milliseconds."
+                + (f" [The destination in the console]({console}): its messages, failures and attempts." if console
+                   else "")
             ),
         ))
     by_destination: dict[str, list[dict[str, Any]]] = {}

@@ -212,6 +212,14 @@ class ServeSettings(_SettingsGroup):
             "(`/console`); not a write key. Empty: both are off."
         ),
     )
+    console_url: str = Field(
+        default="",
+        description=(
+            "The console's address as a person's browser reaches it (behind a proxy: its public URL), for the links "
+            "in Prefect events and artifacts; empty: http://ingest_host:ingest_port/console. No link while the admin "
+            "token is unset."
+        ),
+    )
 
 
 # Seconds, written in the environment as ``90``, ``90s``, ``15m``, ``24h`` or ``7d``.
@@ -286,6 +294,14 @@ class WebhooksSettings(BaseModel):
     def resolved_endpoint(self) -> str:
         """The ingest API base URL clients send to."""
         return self.client.endpoint or f"http://{self.ingest.ingest_host}:{self.ingest.ingest_port}"
+
+    def console_link(self, path: str = "") -> str | None:
+        """The console's URL of ``path`` (``/messages/12``), or None while the console is off (no admin token)."""
+        token = self.serve.admin_token
+        if token is None or not token.get_secret_value():
+            return None
+        base = self.serve.console_url or f"http://{self.ingest.ingest_host}:{self.ingest.ingest_port}/console"
+        return base.rstrip("/") + path
 
 
 @lru_cache(maxsize=1)

@@ -96,24 +96,28 @@ def _health(view: EndpointView) -> str:
     return '<span class="good">healthy</span>'
 
 
-def _endpoint_rows(name: str, views: Sequence[EndpointView], csrf: str) -> list[list[str]]:
+def _endpoint_rows(name: str, views: Sequence[EndpointView], prefect_ui: str | None) -> list[list[str]]:
     rows = []
     for view in views:
         action = "enable" if view.state != "enabled" else "disable"
         link = f"/console/destinations/{quote(name, safe='')}/endpoints/{view.position}/{action}"
+        runs = (f'<a class="runs" href="{escape(prefect_ui.rstrip("/"))}/artifacts/key/{view.artifact_key}">its '
+                "deliver runs</a>" if prefect_ui else "")
         rows.append([str(view.position), escape(view.url), escape(view.rate_limit), _health(view),
-                     _when(view.failing_since), escape(view.last_error or ""), f'<a href="{link}">{action}…</a>'])
+                     _when(view.failing_since), escape(view.last_error or ""), runs,
+                     f'<a href="{link}">{action}…</a>'])
     return rows
 
 
 def destination_page(name: str, figures: Mapping[str, Any], views: Sequence[EndpointView] | str, chart: str,
                      totals: Mapping[str, int], reasons: Sequence[ReasonCount], csrf: str,
-                     notice: str | None = None) -> str:
-    """One destination: its endpoints' health, its outcomes per minute, its top failure reasons, replay."""
+                     notice: str | None = None, prefect_ui: str | None = None) -> str:
+    """One destination: its endpoints' health (with a link to their runs in the Prefect UI at ``prefect_ui``), its
+    outcomes per minute, its top failure reasons, replay."""
     quoted = quote(name, safe="")
     endpoints = (f"<p class='bad'>{escape(views)}</p>" if isinstance(views, str) else _table(
-        ["#", "url", "rate limit", "health", "failing since (UTC)", "last error", ""],
-        _endpoint_rows(name, views, csrf), "No endpoint."))
+        ["#", "url", "rate limit", "health", "failing since (UTC)", "last error", "Prefect", ""],
+        _endpoint_rows(name, views, prefect_ui), "No endpoint."))
     backlog = (f"<p>pending {figures.get('pending', 0)} (in flight {figures.get('in_flight', 0)}), oldest pending "
                f"{_age(figures.get('oldest_pending_age_seconds')) or '–'}</p>")
     legend = " · ".join(f'<span class="{outcome}" data-outcome="{outcome}">{outcome} {count}</span>'

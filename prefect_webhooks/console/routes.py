@@ -157,7 +157,14 @@ async def _destination(engine: Engine, request: Request, session: str) -> Respon
 
     (figures, series, reasons), views = await asyncio.gather(run_in_threadpool(read), _endpoint_views(name))
     return _html(pages.destination_page(name, figures, views, outcome_chart(series), series.totals(), reasons,
-                                        csrf_token(session), request.query_params.get("notice")))
+                                        csrf_token(session), request.query_params.get("notice"), _prefect_ui()))
+
+
+def _prefect_ui() -> str | None:
+    """The Prefect UI's address (links to an endpoint's ``deliver`` runs), when Prefect knows one."""
+    from prefect.settings import PREFECT_UI_URL
+
+    return PREFECT_UI_URL.value() or None
 
 
 def _since(text: str) -> Any:

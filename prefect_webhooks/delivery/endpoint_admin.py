@@ -12,6 +12,7 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.enabling import adisable_positions, aenable_endpoints
 from prefect_webhooks.blocks.saved import load_block
 from prefect_webhooks.delivery.sender import display_url
+from prefect_webhooks.delivery.stats import artifact_key
 from prefect_webhooks.messages.outcomes import DISABLED_REASON
 from prefect_webhooks.store.destination_changes import note_destination_changed
 from prefect_webhooks.store.endpoint_states import read_states, reset_health, url_key
@@ -32,6 +33,8 @@ class EndpointView:
     last_error: str | None
     disabled_reason: str | None = None
     paused_until: datetime | None = None
+    artifact_key: str = ""
+    """The key of its ``deliver`` runs' table artifacts: the Prefect UI lists its runs under it."""
 
 
 async def endpoint_views(name: str) -> list[EndpointView]:
@@ -52,7 +55,7 @@ async def endpoint_views(name: str) -> list[EndpointView]:
         paused_until = datetime.fromtimestamp(paused, timezone.utc).replace(tzinfo=None) if paused else None
         views.append(EndpointView(position, display_url(endpoint.url), limit, state, row.failures if row else 0,
                                   failing_since, row.last_error if row else None, entry.reason if entry else None,
-                                  paused_until))
+                                  paused_until, artifact_key(name, endpoint.url)))
     return views
 
 

@@ -8,7 +8,8 @@
 
 The resource of the first two is the message, of the others the endpoint. Each endpoint event is emitted by one
 delivery process only (decided under the endpoint's row lock in the store).
-Payloads carry ids, names, the URL without query or credentials, reasons and counts; never a body, header or secret.
+Payloads carry ids, names, the URL without query or credentials, reasons and counts, and, while the console is on,
+``console_url``: the console's page of the message or destination; never a body, header or secret.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from prefect.events import emit_event
+
+from prefect_webhooks.settings import get_settings
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 # The first event of a process may wait seconds for Prefect's events client: never on the delivery event loop.
@@ -49,6 +53,13 @@ def _destination(destination: str) -> list[dict[str, str]]:
              "prefect.resource.role": "destination"}]
 
 
+def _add_console_link(payload: dict[str, Any], path: str) -> None:
+    """The console's page of what the event is about, as ``console_url``, while the console is on."""
+    link = get_settings().console_link(path)
+    if link is not None:
+        payload["console_url"] = link
+
+
 def emit_delivery_failed(outbox_id: int, destination: str, reason: str, attempts: int) -> None:
     """Emit ``prefect-webhooks.delivery.failed`` for a message that will not be attempted again, and
     ``prefect-webhooks.delivery.exhausted`` too when it expired (its retries ran out).
@@ -61,7 +72,9 @@ def emit_delivery_failed(outbox_id: int, destination: str, reason: str, attempts
     """
     resource = {"prefect.resource.id": outbox_resource_id(outbox_id),
                 "prefect.resource.name": f"outbox message {outbox_id}"}
-    payload = {"outbox_id": outbox_id, "destination": destination, "reason": reason, "attempts": attempts}
+    payload: dict[str, Any] = {"outbox_id": outbox_id, "destination": destination, "reason": reason,
+                               "attempts": attempts}
+    _add_console_link(payload, f"/messages/{outbox_id}")
     emit_event(event=DELIVERY_FAILED, resource=resource, related=_destination(destination), payload=payload)
     if reason.startswith("expired"):
         emit_event(event=DELIVERY_EXHAUSTED, resource=resource, related=_destination(destination), payload=payload)
@@ -111,6 +124,7 @@ def emit_endpoint_event(
         "destination": destination, "url": url, "position": position, "failures": failures,
         "failing_since": failing_since.isoformat() + "Z" if failing_since else None, "last_error": last_error,
     }
+    _add_console_link(payload, f"/destinations/{quote(destination, safe='')}")
     emit_event(
         event=ENDPOINT_EVENTS[kind],
         resource={"prefect.resource.id": endpoint_resource_id(destination, key),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,21 @@ class EndpointStats:
             "p50_ms": round(_percentile(latencies, 0.50), 1),
             "p95_ms": round(_percentile(latencies, 0.95), 1),
         }
+
+
+def _slug(destination: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", destination.lower()).strip("-")[:40] or "destination"
+
+
+def artifact_key(destination: str, url: str) -> str:
+    """A stable artifact key per endpoint, so the UI shows each endpoint's history across runs (the console links
+    to it)."""
+    return f"delivery-{_slug(destination)}-{hashlib.sha1(url.encode()).hexdigest()[:10]}"
+
+
+def filtered_artifact_key(destination: str) -> str:
+    """A stable artifact key per destination for what its filters dropped."""
+    return f"filtered-{_slug(destination)}-{hashlib.sha1(destination.encode()).hexdigest()[:10]}"
 
 
 def _percentile(ordered: Sequence[float], fraction: float) -> float:

@@ -17,10 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
+from prefect_webhooks.delivery.stats import artifact_key
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from tests.receivers import Receiver
@@ -132,7 +133,10 @@ def _check_the_console(server: Any, receiver: Receiver, block: WebhookDestinatio
         "failed permanent: HTTP 400 1 message 2"]
     # The endpoint with its health and its action.
     endpoint = page.locator("h2:has-text('Endpoints') + table tbody tr td").all_inner_texts()
-    assert endpoint[1] == receiver.url and endpoint[2] == "none" and endpoint[6] == "disable…"
+    assert endpoint[1] == receiver.url and endpoint[2] == "none" and endpoint[7] == "disable…"
+    # Its deliver runs in the Prefect UI: the page of its runs' table artifacts.
+    runs = page.get_attribute("h2:has-text('Endpoints') + table a.runs", "href")
+    assert runs == f"{PREFECT_UI_URL.value()}/artifacts/key/{artifact_key(DESTINATION, receiver.url)}"
     assert re.fullmatch(r"healthy|failing: \d+ in a row", endpoint[3]), endpoint
 
     # Search by messageId, open the message: its attempt is what the receiver answered.

@@ -228,6 +228,28 @@ async def test_failed_for_good_emits_an_event_and_a_missing_block_fails(
     assert "t0ps3cret" not in dumped and "k3y-k3y-k3y-k3y-1" not in dumped and '"event":"E"' not in dumped
 
 
+async def test_events_and_artifacts_link_to_the_console_while_it_is_on(
+    settings_env: Any, asserting_events_worker: EventsWorker  # noqa: F811
+) -> None:
+    settings_env.setenv("PREFECT_WEBHOOKS_ADMIN_TOKEN", "console-link-t0ken")
+    settings_env.setenv("PREFECT_WEBHOOKS_CONSOLE_URL", "https://webhooks.example.com/console/")
+    get_settings.cache_clear()
+    name = block_name()
+    with Receiver(default=410) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
+        enqueue(name, [track(1)])
+        state = await deliver(return_state=True)
+        assert (await state.result())["failed"] == 1
+    (gone,) = outbox()
+    await asyncio.to_thread(asserting_events_worker.drain)
+    (event,) = [event for event in AssertingEventsClient.last.events
+                if event.event == "prefect-webhooks.delivery.failed" and event.payload["destination"] == name]
+    assert event.payload["console_url"] == f"https://webhooks.example.com/console/messages/{gone.id}"
+    (artifact,) = await artifacts_of(state.state_details.flow_run_id)
+    assert f"(https://webhooks.example.com/console/destinations/{name})" in artifact["description"]
+    assert "console-link-t0ken" not in str(event.model_dump()) + str(artifact)
+
+
 async def test_continuous_mode_keeps_delivering(settings_env: Any) -> None:
     name = block_name()
     with Receiver() as receiver:

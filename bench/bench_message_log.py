@@ -220,6 +220,68 @@ def lookup_times(url: str, probes: int = 200) -> dict[str, list[float]]:
     return times
 
 
+def console_times(url: str, probes: int = 20) -> dict[str, list[float]]:
+    """Milliseconds per console page, what each reads from the store and its HTML (the destination block, read from
+    the Prefect API, left out): after 24 hours of per-minute counters for each destination (1,440 minutes, three
+    outcomes, three kinds of reason) are added to the store."""
+    from datetime import timedelta
+
+    from prefect_webhooks.console import pages
+    from prefect_webhooks.console.charts import outcome_chart
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
+    from prefect_webhooks.store.message_search import Refinement, search_messages
+    from prefect_webhooks.store.metrics import backlog_snapshot
+    from prefect_webhooks.store.minute_counts import add_minute_outcomes, add_minute_reasons, minute_series, top_reasons
+    from prefect_webhooks.store.tables import store_now
+
+    engine = get_engine(url)
+    now = store_now()
+    with engine.begin() as connection:
+        for minute in range(1440):
+            at = now - timedelta(minutes=minute)
+            add_minute_outcomes(connection, {(d, o): 50 + minute % 7 for d in DESTINATIONS
+                                             for o in ("delivered", "failed", "filtered")}, at, 0)
+            add_minute_reasons(connection, [(d, "failed", reason, minute) for d in DESTINATIONS for reason in (
+                "expired: HTTP 500", "permanent: HTTP 410", "expired: connection error: timeout")], at, 0)
+    rng = random.Random(5)
+    times: dict[str, list[float]] = {"overview": [], "destination (chart, reasons)": [], "messages, newest 50": [],
+                                     "messages by reason, newest 50 failed": [],
+                                     "messages by reason, no match (1,000 read)": [], "one message": []}
+
+    def timed(name: str, page: object) -> None:
+        began = time.perf_counter()
+        page()  # type: ignore[operator]
+        times[name].append((time.perf_counter() - began) * 1000)
+
+    with engine.connect() as connection:
+        def overview() -> str:
+            return pages.overview_page(backlog_snapshot(engine)["destinations"], "x")
+
+        def destination() -> str:
+            name = rng.choice(DESTINATIONS)
+            series, reasons = minute_series(connection, name, store_now()), top_reasons(connection, name, store_now())
+            return pages.destination_page(name, {}, [], outcome_chart(series), series.totals(), reasons, "x")
+
+        def listing(query: MessageQuery, refinement: Refinement | None = None) -> str:
+            page = search_messages(connection, query, refinement, limit=50)
+            return pages.messages_page({}, [message_document(m) for m in page.messages], None, None, "x")
+
+        newest = search_messages(connection, MessageQuery(), limit=probes).messages
+        for probe in range(probes):
+            timed("overview", overview)
+            timed("destination (chart, reasons)", destination)
+            timed("messages, newest 50", lambda: listing(MessageQuery(destination=rng.choice(DESTINATIONS))))
+            timed("messages by reason, newest 50 failed", lambda: listing(
+                MessageQuery(destination=rng.choice(DESTINATIONS), states=["failed"]), Refinement("expired")))
+            timed("messages by reason, no match (1,000 read)", lambda: listing(
+                MessageQuery(destination=rng.choice(DESTINATIONS)), Refinement("permanent: HTTP 418")))
+            number = newest[probe % len(newest)].id
+            timed("one message", lambda number=number: pages.message_page(message_document(find_messages(
+                connection, MessageQuery(ids=[number]), limit=1)[0]), [], None, "x"))
+    return times
+
+
 def hot_path_rate(url: str, messages: int, batch: int = 500) -> float:
     """Messages/s through the queue's whole path, enqueue ▶ claim ▶ record delivered (move to the log)."""
     from prefect_webhooks.messages.outcomes import Attempt, Delivered, OutcomeRecords
@@ -274,6 +336,9 @@ def main() -> int:
     for name, values in lookup_times(aged, args.probes).items():
         print(f"lookup by {name}: p50 {statistics.median(values):.2f} ms, p99 {quantile(values, 0.99):.2f} ms "
               f"({len(values)} probes, {args.kept:,} kept)")
+    for name, values in console_times(aged, max(args.probes // 10, 2)).items():
+        print(f"console page {name}: p50 {statistics.median(values):.1f} ms, max {max(values):.1f} ms "
+              f"({len(values)} probes, {args.kept:,} kept; the target is 200 ms)")
     if aged.startswith("sqlite"):
         stores = {"new": f"sqlite:///{scratch / 'new.db'}", "tail": tail_only_copy(aged, scratch / "tail.db"),
                   "aged": aged}

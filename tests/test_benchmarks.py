@@ -36,6 +36,7 @@ TINY_RUNS = {
                      r"delivered throughput ratio \(ours / Segment\): [\d.]+x"),
     "bench_message_log": (["--kept", "3000", "--hot-messages", "1000", "--rounds", "1", "--probes", "20"],
                           r"log size: \d+ B per kept message(.|\n)*lookup by messageId: p50 [\d.]+ ms"
+                          r"(.|\n)*console page destination \(chart, reasons\): p50 [\d.]+ ms"
                           r"(.|\n)*hot path .* nothing kept, same newest partition [\d,]+/s; with 3,000 kept "
                           r"[\d,]+/s"),
 }

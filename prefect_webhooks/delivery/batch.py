@@ -176,8 +176,11 @@ async def process_batch(
     if hold_seconds is not None:
         hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.delivery.lease_seconds)
     for (row, destination), results in zip((*ready, *batched), (*results_by_row, *batched_results), strict=True):
-        decide(row, results, writes, now=finished, hold_until=hold_until, owner=context.owner, settings=settings,
-               sent_at=now)
+        # An ordered destination's retry is never held for the task's next try (which waits for the window to
+        # close, up to task_run_seconds): it is due at its backoff time and the claim loop sends it then, since the
+        # user's later messages wait behind it.
+        decide(row, results, writes, now=finished, hold_until=None if destination.ordered else hold_until,
+               owner=context.owner, settings=settings, sent_at=now)
         if destination.batching is None:  # a batch's requests were counted as they were sent
             writes.count_requests(context.stats, destination.name, results)
     retry_together(writes.records.rescheduled, batched)

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from prefect_webhooks.store.lookups import MessageQuery, StoredMessage, find_messages
 from prefect_webhooks.utilities.urls import display_url
 
-SCAN_LIMIT = 5_000
+SCAN_LIMIT = 1_000
 CHUNK = 500
 
 

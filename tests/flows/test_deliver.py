@@ -250,6 +250,23 @@ async def test_events_and_artifacts_link_to_the_console_while_it_is_on(
     assert "console-link-t0ken" not in str(event.model_dump()) + str(artifact)
 
 
+async def test_an_ordered_retry_is_sent_when_due_not_when_the_task_window_closes(settings_env: Any) -> None:
+    settings_env.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.5")
+    get_settings.cache_clear()
+    name = block_name()
+    with Receiver(script=[503]) as receiver:
+        await WebhookDestination(endpoints=[{"url": receiver.url}], ordered=True).save(name)
+        enqueue(name, [{**track(n), "userId": "same-user"} for n in (1, 2)])
+        # The run (8 s) ends before its task window would close (10 s): a retry held for the task's next try
+        # would wait for the run's end.
+        summary = await deliver(destination=name, run_for_seconds=8, idle_sleep=0.05)
+    assert summary["delivered"] == 2
+    first, retry, second = receiver.requests
+    assert [orjson.loads(r.body)["properties"]["n"] for r in (first, retry, second)] == [1, 1, 2]
+    # Due 0.5 s after the 503 (plus jitter): sent then by the claim loop, and the user's next message right after.
+    assert retry.at - first.at < 3.0, retry.at - first.at
+
+
 async def test_continuous_mode_keeps_delivering(settings_env: Any) -> None:
     name = block_name()
     with Receiver() as receiver:

@@ -322,6 +322,18 @@ def main() -> int:
         print(hot_path_rate(args.hot_path_only, args.hot_messages))
         return 0
     scratch = Path(tempfile.mkdtemp(prefix="bench-log-"))
+    try:
+        return measure(args, scratch)
+    finally:
+        import shutil
+
+        # A store built by --build-only stays where --store put it; the scratch folder goes.
+        if not (args.build_only and args.store):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, scratch: Path) -> int:
+    """Build the history, then print its size, lookups, console pages and hot path beside their references."""
     aged = args.store or f"sqlite:///{scratch / 'aged.db'}"
     os.environ.setdefault("PREFECT_WEBHOOKS_HOME", str(scratch))
     seconds = build_history(aged, args.kept)

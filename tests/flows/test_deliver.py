@@ -271,12 +271,14 @@ async def test_continuous_mode_keeps_delivering(settings_env: Any) -> None:
     name = block_name()
     with Receiver() as receiver:
         await WebhookDestination(endpoints=[{"url": receiver.url}]).save(name)
-        running = asyncio.create_task(deliver(destination=name, run_for_seconds=3, idle_sleep=0.05))
+        # Long enough for a loaded machine (the run's start alone took over 2 s in a CI run); it ends after the
+        # three batches, one per message sent while it runs.
+        running = asyncio.create_task(deliver(destination=name, run_for_seconds=60, max_batches=3, idle_sleep=0.05))
         for n in range(3):
             await asyncio.sleep(0.5)
             await asyncio.to_thread(enqueue, name, [track(n)])
-            await asyncio.to_thread(receiver.wait_for, n + 1, 5)
-        summary = await running
+            await asyncio.to_thread(receiver.wait_for, n + 1, 20)
+        summary = await asyncio.wait_for(running, 30)
     assert summary["delivered"] == 3
 
 

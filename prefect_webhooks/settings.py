@@ -295,10 +295,14 @@ class WebhooksSettings(BaseModel):
         """The ingest API base URL clients send to."""
         return self.client.endpoint or f"http://{self.ingest.ingest_host}:{self.ingest.ingest_port}"
 
+    def active_admin_token(self) -> str | None:
+        """The admin token of the admin API and the console, or None while both are off (unset or empty)."""
+        token = self.serve.admin_token
+        return token.get_secret_value() if token is not None and token.get_secret_value() else None
+
     def console_link(self, path: str = "") -> str | None:
         """The console's URL of ``path`` (``/messages/12``), or None while the console is off (no admin token)."""
-        token = self.serve.admin_token
-        if token is None or not token.get_secret_value():
+        if self.active_admin_token() is None:
             return None
         base = self.serve.console_url or f"http://{self.ingest.ingest_host}:{self.ingest.ingest_port}/console"
         return base.rstrip("/") + path

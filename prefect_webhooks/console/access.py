@@ -33,10 +33,10 @@ class ConsoleRefusal(Exception):
 
 def admin_token() -> str:
     """The admin token, or a 404 refusal while none is set."""
-    token = get_settings().serve.admin_token
-    if token is None or not token.get_secret_value():
+    token = get_settings().active_admin_token()
+    if token is None:
         raise ConsoleRefusal(404, "The console is off: set PREFECT_WEBHOOKS_ADMIN_TOKEN to turn it on.")
-    return token.get_secret_value()
+    return token
 
 
 def _sign(token: str, text: str) -> str:

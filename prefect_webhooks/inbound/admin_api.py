@@ -44,12 +44,11 @@ class AdminError(Exception):
 
 def check_admin(request: Request) -> None:
     """Let the request through only with the admin token (404 while none is set, 401 without it)."""
-    token = get_settings().serve.admin_token
-    if token is None or not token.get_secret_value():
+    token = get_settings().active_admin_token()
+    if token is None:
         raise AdminError(404, "admin_api_off", "the admin API is off: set PREFECT_WEBHOOKS_ADMIN_TOKEN to turn it on")
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                              token.get_secret_value().encode()):
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
         raise AdminError(401, "unauthorized", "send the admin token as Authorization: Bearer <token>")
 
 

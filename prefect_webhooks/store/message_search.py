@@ -9,6 +9,7 @@ Narrowing the lookup (a destination, a time window) is what makes such a search 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -37,13 +38,16 @@ class Refinement:
     def __bool__(self) -> bool:
         return self.reason_prefix is not None or self.endpoint is not None
 
-    def matches(self, message: StoredMessage) -> bool:
-        if self.reason_prefix is not None and not (message.reason or "").startswith(self.reason_prefix):
-            return False
-        if self.endpoint is not None:
-            wanted = display_url(self.endpoint)
-            return any(display_url(attempt.url).startswith(wanted) for attempt in message.tries)
-        return True
+    def matcher(self) -> Callable[[StoredMessage], bool]:
+        """The check of one message (the endpoint asked for is shown as attempts keep URLs once, not per message)."""
+        wanted = display_url(self.endpoint) if self.endpoint is not None else None
+
+        def matches(message: StoredMessage) -> bool:
+            if self.reason_prefix is not None and not (message.reason or "").startswith(self.reason_prefix):
+                return False
+            return wanted is None or any(display_url(attempt.url).startswith(wanted) for attempt in message.tries)
+
+        return matches
 
 
 @dataclass
@@ -82,13 +86,13 @@ def search_messages(connection: Connection, query: MessageQuery, refinement: Ref
         page = found[:limit]
         return SearchPage(page, page[-1].position if len(found) > limit else None, len(page))
     matches: list[StoredMessage] = []
-    read, before = 0, query.before
+    read, before, matching = 0, query.before, refinement.matcher()
     while True:
         wanted = min(CHUNK, scan - read)
         chunk = find_messages(connection, replace(query, before=before), limit=wanted)
         for message in chunk:
             read += 1
-            if refinement.matches(message):
+            if matching(message):
                 matches.append(message)
             if len(matches) == limit or read >= scan:
                 return SearchPage(matches, message.position, read)

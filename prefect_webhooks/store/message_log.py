@@ -157,9 +157,12 @@ def move_to_log(
     if only_pending:
         removal = removal.where(OUTBOX.c.state == "pending")
     queued = connection.execute(removal.returning(*_QUEUED_COLUMNS)).all()
+    moved_ids = [row[0] for row in queued]
+    moved = set(moved_ids)
+    keep_late_attempts(connection, [attempt for attempt in new_attempts
+                                    if attempt.outbox_id in by_id and attempt.outbox_id not in moved])
     if not queued:
         return {}
-    moved_ids = [row[0] for row in queued]
     partitions = partitions_for(connection, {(KIND_OF_STATE[row.state], row.finished_at) for row in leaving})
     tries: dict[int, list[Attempt]] = {}
     for outbox_id, at, *rest in connection.execute(
@@ -194,6 +197,31 @@ def move_to_log(
     for name, rows in rows_by_partition.items():
         insert_rows(connection, partition_table(name), rows)
     return counts
+
+
+def keep_late_attempts(connection: Connection, attempts: Sequence[Attempt]) -> int:
+    """Add ``attempts`` of messages that have already left the queue to their kept records, in the caller's
+    transaction; returns how many kept messages gained attempts.
+
+    A worker that stalled past its lease (a long pause, a frozen VM) records its attempts after another worker took
+    the message over and reached its outcome. The receiver got those requests all the same, so they join the
+    message's history rather than being dropped. This is rare, so the record is read back and written again (one
+    primary-key probe per kept partition). A message no longer kept (purged or pruned) has no history to join.
+    """
+    by_id: dict[int, list[Attempt]] = {}
+    for attempt in attempts:
+        by_id.setdefault(attempt.outbox_id, []).append(attempt)
+    if not by_id:
+        return 0
+    kept = find_kept(connection, ids=sorted(by_id))
+    for message in kept:
+        content = message.content
+        content.tries = sorted([*content.tries, *by_id[message.id]], key=lambda attempt: attempt.attempted_at)
+        codes = name_ids(connection, {attempt.url for attempt in content.tries})
+        table = partition_table(message.partition)
+        connection.execute(table.update().where(table.c.id == message.id).values(
+            record=pack_record(content, message.finished_at, codes)))
+    return len(kept)
 
 
 @dataclass(slots=True)

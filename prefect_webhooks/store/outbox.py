@@ -21,7 +21,7 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.endpoint_counters import add_requests
 from prefect_webhooks.store.engines import get_engine, insert_rows
-from prefect_webhooks.store.message_log import Leaving, attempt_rows, move_to_log
+from prefect_webhooks.store.message_log import Leaving, attempt_rows, keep_late_attempts, move_to_log
 from prefect_webhooks.store.ordering import claimable_in_order
 from prefect_webhooks.store.replay import replay_failed as replay_failed  # its home before the replay module
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
@@ -295,7 +295,9 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
     to the message log with their attempts (``message_log.move_to_log``), rescheduled ones stay queued with their
     attempts beside them, and the outcome and per-endpoint request counters are added.
 
-    Only rows still queued move (a row a deletion purged meanwhile has left already), and only those count.
+    Only rows still queued move (a row a deletion purged meanwhile has left already), and only those count. The
+    attempts of a row that left the queue meanwhile (another worker finished it after this one's lease ran out)
+    join its kept record: every request a receiver got is in its message's history.
     """
     finished_at = store_now()
     leaving = [Leaving(row.id, DELIVERED, None, row.attempts, row.first_attempt_at, row.at)
@@ -304,14 +306,24 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
                 for row in records.failed]
     leaving += [Leaving(row.id, FILTERED, row.reason, None, None, finished_at) for row in records.filtered]
     leaving_ids = {row.id for row in leaving}
+    staying = [attempt for attempt in records.attempts if attempt.outbox_id not in leaving_ids]
     with engine.begin() as connection:
         counts = move_to_log(connection, leaving, records.attempts)
-        insert_rows(connection, ATTEMPTS, attempt_rows(a for a in records.attempts if a.outbox_id not in leaving_ids))
+        still_queued = None
         if records.rescheduled:
-            connection.execute(_RESCHEDULE, [
+            updated = connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
                  "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
-                 "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled])
+                 "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled]).rowcount
+            if not (connection.dialect.supports_sane_multi_rowcount and updated == len(records.rescheduled)):
+                # Some row left the queue meanwhile (another worker took it over after this one's lease ran out):
+                # its attempts join its kept record instead of the queue's.
+                ids = sorted({attempt.outbox_id for attempt in staying})
+                still_queued = set(connection.execute(select(OUTBOX.c.id).where(OUTBOX.c.id.in_(ids))).scalars())
+        if still_queued is not None:
+            keep_late_attempts(connection, [a for a in staying if a.outbox_id not in still_queued])
+            staying = [attempt for attempt in staying if attempt.outbox_id in still_queued]
+        insert_rows(connection, ATTEMPTS, attempt_rows(staying))
         add_outcomes(connection, counts, [(row.destination, FAILED, row.reason, row.id) for row in records.failed]
                      + [(row.destination, FILTERED, row.reason, row.id) for row in records.filtered])
         add_requests(connection, records.requests)

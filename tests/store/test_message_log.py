@@ -18,6 +18,7 @@ from prefect_webhooks.messages.outcomes import (
     Failed,
     Filtered,
     OutcomeRecords,
+    Rescheduled,
 )
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.store.engines import dispose_engines, get_engine
@@ -79,6 +80,34 @@ def test_a_finished_message_leaves_the_queue_with_its_attempts_and_keeps_its_id(
     # The next message gets a new id, never one a kept message has (its webhook-id names it to receivers).
     enqueue("crm", [track("u5")], source="web")
     assert [message.id for message in every_message(engine, state=PENDING)] == [5]
+
+
+def test_attempts_of_a_stalled_worker_join_the_kept_message_after_another_worker_finished_it(
+        backend_url: str) -> None:
+    """A worker stalled past its lease records its outcomes after another worker took its rows over and delivered
+    them: the receiver got the stalled worker's requests too, so each is in the message's history (none dropped,
+    none left in the queue's attempts), and the messages count as delivered once."""
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u1"), track("u2")])
+    stalled = claim_due_deliveries(engine, 10, "stalled", lease_seconds=0.01)
+    with engine.begin() as connection:
+        connection.execute(OUTBOX.update().values(lease_expires_at=store_now() - timedelta(seconds=1)))
+    deliver_all(engine, {})  # the other worker: both delivered
+    late = store_now()
+    records = OutcomeRecords()
+    records.delivered.append(Delivered(stalled[0].id, 1, late, late, "crm"))
+    records.rescheduled.append(Rescheduled(stalled[1].id, 1, late, "HTTP 503", late + timedelta(seconds=5)))
+    records.attempts += [Attempt(row.id, late, "https://hooks.example.com/in?token=x", status, None, 7.0, outcome)
+                         for row, status, outcome in ((stalled[0], 200, "delivered"), (stalled[1], 503, "retry"))]
+    record_outcomes(engine, records)
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(ATTEMPTS)).scalar_one() == 0
+        assert connection.execute(select(func.count()).select_from(OUTBOX)).scalar_one() == 0
+        kept = {message.id: message for message in find_kept(connection)}
+    assert {i: m.state for i, m in kept.items()} == {1: DELIVERED, 2: DELIVERED}
+    assert [a.status_code for a in kept[1].content.tries] == [200, 200]
+    assert [a.status_code for a in kept[2].content.tries] == [200, 503]
+    assert orjson.loads(kept[2].content.body or b"") == track("u2")
 
 
 def test_a_new_id_after_a_restart_with_an_empty_queue_is_still_new(backend_url: str) -> None:

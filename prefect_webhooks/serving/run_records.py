@@ -8,8 +8,8 @@
   never started (created or taken just as the API went away) or was cut short; its artifacts are published.
 - Runs of the served deployments that Prefect's runner took but could not start during the outage stay ``Pending``
   for good: ``SWEEP_AFTER_RETURN_SECONDS`` after the API's return (time enough for a run being started then to report
-  itself running, through its client's retries) those still ``Pending`` since before the return are set ``Crashed``;
-  the next scheduled runs cover their slots. Runs of work-pool deployments are left to their workers.
+  itself running, through its client's retries) those ``Pending`` for ``PENDING_FOR_GOOD_SECONDS`` are set
+  ``Crashed``; the next scheduled runs cover their slots. Runs of work-pool deployments are left to their workers.
 
 The ledger is kept in ``<home>/local-copy/run-records.json`` (run ids, counts, the artifacts' rows: no secret), so
 what a worker stopped during an outage could not record is recorded by the next worker of the host (``serve``
@@ -24,7 +24,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
@@ -52,6 +52,7 @@ logger = logging.getLogger("prefect_webhooks.serving.delivery_worker")
 # Recording is not on the path of a message: it may take its time, one Prefect call after another.
 RECORD_WAIT_SECONDS = 30.0
 SWEEP_AFTER_RETURN_SECONDS = 45.0
+PENDING_FOR_GOOD_SECONDS = 30.0
 _ARTIFACT_FIELDS = {"key", "description", "table"}
 
 
@@ -185,11 +186,13 @@ class RunRecords:
         if self.api.outages == self.swept_outages:
             return
         self.swept_outages = self.api.outages
-        returned_at = datetime.now(timezone.utc)
 
         async def sweep() -> None:
             await asyncio.sleep(SWEEP_AFTER_RETURN_SECONDS)
-            await self._record(lambda: self.crash_stuck_runs(client, returned_at))
+            # Runs taken during the outage, and just after the return by a runner that lived through it (serve
+            # replaces that runner within seconds: serving.api_watch), have been Pending for longer than any start.
+            cutoff = datetime.now(timezone.utc) - timedelta(seconds=PENDING_FOR_GOOD_SECONDS)
+            await self._record(lambda: self.crash_stuck_runs(client, cutoff))
 
         task = asyncio.ensure_future(sweep())
         self.sweeps.add(task)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from prefect_webhooks.serving.api_watch import ApiWatcher, restart_runner
 from prefect_webhooks.serving.processes import descendant_pids, terminate_and_wait
 from prefect_webhooks.serving.pruner import pruner_command
 from prefect_webhooks.serving.restarts import Restarts
@@ -385,7 +386,12 @@ def serve(
         stages += [runner, pruner]
         print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, {delivery_workers} delivery worker(s), "
               "deployments served", flush=True)
+        # A runner that lived through an outage of the Prefect API is replaced once it answers again (api_watch).
+        watcher = ApiWatcher(api_url).start()
         while not stop.wait(0.5):
+            if watcher.returned.is_set():
+                watcher.returned.clear()
+                restart_runner(runner, grace_seconds)
             dead = [child for child in children if not child.running()]
             for child in dead:
                 if child.restarts is not None:

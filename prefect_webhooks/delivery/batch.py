@@ -134,6 +134,7 @@ async def process_batch(
         rows = await store_call(settings, leased_rows, engine, batch.ids, context.owner)
     now = store_now()
     writes = BatchWrites()
+    writes.records.owner = context.owner
     due = []
     for row in rows:
         if row.next_attempt_at > now:

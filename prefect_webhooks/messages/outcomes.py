@@ -108,3 +108,6 @@ class OutcomeRecords:
     attempts: list[Attempt] = field(default_factory=list)
     requests: list[EndpointRequest] = field(default_factory=list)
     """Each request once (a batch request carries many messages' attempts), for ``/metrics`` per endpoint."""
+    owner: str | None = None
+    """The lease owner the batch's rows were claimed by. A row another owner has taken since (this one's lease ran
+    out) is not rescheduled from here: that would clear the other's live lease and let a third claim send it again."""

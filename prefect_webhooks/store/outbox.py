@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import String, and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING, THROTTLED_REASON, OutcomeRecords
@@ -278,7 +278,9 @@ def release_leases(engine: Engine, ids: Sequence[int], owner: str, *, due_at: da
 
 _RESCHEDULE = (
     update(OUTBOX)
-    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING)
+    .where(OUTBOX.c.id == bindparam("b_id"), OUTBOX.c.state == PENDING,
+           or_(bindparam("b_owner", type_=String()).is_(None),
+               OUTBOX.c.lease_owner == bindparam("b_owner", type_=String())))
     .values(
         reason=bindparam("b_reason"),
         attempts=bindparam("b_attempts"),
@@ -314,10 +316,11 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
             updated = connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
                  "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
-                 "b_lease_expires_at": row.lease_expires_at} for row in records.rescheduled]).rowcount
+                 "b_lease_expires_at": row.lease_expires_at, "b_owner": records.owner}
+                for row in records.rescheduled]).rowcount
             if not (connection.dialect.supports_sane_multi_rowcount and updated == len(records.rescheduled)):
-                # Some row left the queue meanwhile (another worker took it over after this one's lease ran out):
-                # its attempts join its kept record instead of the queue's.
+                # Another worker took some row over after this one's lease ran out: it stays as that worker has it,
+                # and the attempts made here join its history (beside it in the queue, or in its kept record).
                 ids = sorted({attempt.outbox_id for attempt in staying})
                 still_queued = set(connection.execute(select(OUTBOX.c.id).where(OUTBOX.c.id.in_(ids))).scalars())
         if still_queued is not None:

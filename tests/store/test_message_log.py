@@ -110,6 +110,32 @@ def test_attempts_of_a_stalled_worker_join_the_kept_message_after_another_worker
     assert orjson.loads(kept[2].content.body or b"") == track("u2")
 
 
+def test_a_stalled_worker_does_not_reschedule_a_message_another_worker_holds_now(backend_url: str) -> None:
+    """Rescheduling is fenced by the lease: the other worker's live lease stays (clearing it would let a third claim
+    send the message again), and the stalled worker's attempt is kept beside the queued message."""
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u1")])
+    (row,) = claim_due_deliveries(engine, 10, "stalled", lease_seconds=0.01)
+    with engine.begin() as connection:
+        connection.execute(OUTBOX.update().values(lease_expires_at=store_now() - timedelta(seconds=1)))
+    assert [claimed.id for claimed in claim_due_deliveries(engine, 10, "other", lease_seconds=60)] == [row.id]
+    late = store_now()
+    records = OutcomeRecords(owner="stalled")
+    records.rescheduled.append(Rescheduled(row.id, 1, late, "HTTP 503", late))
+    records.attempts.append(Attempt(row.id, late, "https://hooks.example.com/in", 503, None, 7.0, "retry"))
+    record_outcomes(engine, records)
+    with engine.connect() as connection:
+        queued = connection.execute(select(OUTBOX.c.lease_owner, OUTBOX.c.attempts, OUTBOX.c.reason)).one()
+    assert tuple(queued) == ("other", 0, None)
+    assert [(a.outbox_id, a.status_code) for a in every_attempt(engine)] == [(row.id, 503)]
+    # The worker that holds it reschedules it as usual.
+    records = OutcomeRecords(owner="other")
+    records.rescheduled.append(Rescheduled(row.id, 1, late, "HTTP 502", late))
+    record_outcomes(engine, records)
+    with engine.connect() as connection:
+        assert tuple(connection.execute(select(OUTBOX.c.lease_owner, OUTBOX.c.reason)).one()) == (None, "HTTP 502")
+
+
 def test_a_new_id_after_a_restart_with_an_empty_queue_is_still_new(backend_url: str) -> None:
     engine = get_engine(backend_url)
     enqueue("crm", [track("u1"), track("u2")])

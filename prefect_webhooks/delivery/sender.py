@@ -162,10 +162,10 @@ class Sender:
                 if isinstance(exc.os_error, BlockedAddressError):
                     # The SSRF guard refused the address before connecting; retrying would be refused again.
                     return RequestResult(url, attempted_at, PERMANENT, error=str(exc.os_error), latency_ms=_ms(started))
-                return RequestResult(url, attempted_at, RETRY, error=f"connection error: {_describe(exc)}",
+                return RequestResult(url, attempted_at, RETRY, error=_connection_error(url, exc),
                                      latency_ms=_ms(started))
             except (aiohttp.ClientError, OSError) as exc:
-                return RequestResult(url, attempted_at, RETRY, error=f"connection error: {_describe(exc)}",
+                return RequestResult(url, attempted_at, RETRY, error=_connection_error(url, exc),
                                      latency_ms=_ms(started))
         return RequestResult(url, attempted_at, classify_status(status), status=status, latency_ms=_ms(started),
                              retry_after=retry_after, body=answer if keep_body else None,
@@ -274,6 +274,27 @@ def _ms(started: float) -> float:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:500]
+
+
+def _connection_error(url: str, exc: BaseException) -> str:
+    """A connection failure's reason, naming a TLS handshake the receiver ended where that can be told apart.
+
+    Over TLS 1.2 a receiver that refuses the client certificate (or demands one that was not sent) ends the
+    handshake, which is part of connecting: a reset or TLS alert while connecting to an ``https`` URL is that. Over
+    TLS 1.3 it closes the connection after the handshake, before answering, which looks like any other disconnect:
+    the reason says what it may be.
+    """
+    described = f"connection error: {_describe(exc)}"
+    if not url.lower().startswith("https:"):
+        return described
+    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+            exc.os_error, (ConnectionResetError, ConnectionAbortedError, ssl.SSLError)):
+        return (f"TLS handshake failed: {_describe(exc.os_error)} (the receiver ended the handshake, as it does when "
+                "it refuses the client certificate or demands one that was not sent)")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return (f"{described} (before answering; over TLS 1.3 this is also how a receiver refuses the client "
+                "certificate or a missing one it demands)")
+    return described
 
 
 def _certificate_error(url: str, exc: aiohttp.ClientConnectorCertificateError) -> str:

@@ -266,8 +266,30 @@ async def test_a_server_demanding_a_client_certificate_gets_it(
         b'"event":"E","properties":{"n":1}}'
     states = {row.destination: (row.state, row.reason or "") for row in outbox()}
     assert states["with"] == (DELIVERED, "")
+    # TLS 1.3: the receiver closes the connection after the handshake; the reason says what that may be.
     for refused in ("without", "stranger"):
-        assert states[refused][0] == PENDING and states[refused][1].startswith("connection error")
+        assert states[refused][0] == PENDING
+        assert states[refused][1].startswith("connection error: ServerDisconnectedError")
+        assert "refuses the client certificate" in states[refused][1]
+
+
+async def test_a_client_certificate_refused_over_tls_1_2_is_named_a_tls_handshake_failure(
+    fast: str, tls: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enqueue("stranger", [track(3)])
+    tls["ca"].cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("PREFECT_WEBHOOKS_TLS_CA_FILE", str(tmp_path / "ca.pem"))
+    get_settings.cache_clear()
+    context = demanding_server_context(tls)
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    with Receiver(ssl_context=context) as receiver:
+        await deliver({"stranger": WebhookDestination(endpoints=[{
+            "url": receiver.url, "client_certificate": client_certificate(tls, "stranger")}])})
+        assert receiver.requests == []
+    (row,) = outbox()
+    assert row.state == PENDING
+    assert (row.reason or "").startswith("TLS handshake failed: ")
+    assert "refuses the client certificate" in (row.reason or "")
 
 
 def test_client_certificate_problems_name_the_field(tls: dict[str, Any]) -> None:

@@ -1,9 +1,12 @@
-"""The main job: ``scripts/quickstart`` runs the demo end to end, ends by itself and leaves nothing running."""
+"""The main job: ``scripts/quickstart`` runs the demo end to end, its runs show in the Prefect UI, and it leaves
+nothing running."""
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import psutil
 import pytest
 
 from prefect_webhooks.demo.run import CALL_TYPES, expected_counts, report
+from tests.demo.test_ui import check_artifact_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,31 +51,51 @@ def _counts_table(output: str) -> Counter[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_quickstart_runs_the_demo_and_cleans_up(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)
+def test_quickstart_runs_the_demo_its_runs_show_in_the_ui_and_ctrl_c_cleans_up(tmp_path: Path) -> None:
+    """The README's quickstart, kept up with ``--linger`` (one demo run serves both checks): the summary, the
+    Prefect UI rendering the runs' artifacts while it lingers, then Ctrl-C ending it with nothing left running."""
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "quickstart"), "--run-dir", str(run_dir), "--timeout", "240"],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        cwd=ROOT,
+    process = subprocess.Popen(
+        [str(ROOT / "scripts" / "quickstart"), "--run-dir", str(run_dir), "--timeout", "240", "--linger", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:] + _logs(run_dir)
+    output: list[str] = []
+    lingering = threading.Event()
 
-    assert _counts_table(done.stdout) == expected_counts()
-    assert "signatures: 12/12 verified" in done.stdout
-    ui = re.search(r"Prefect UI \(while the demo runs\): (http://127\.0\.0\.1:\d+)", done.stdout)
-    assert ui, done.stdout
-    # The address is given while the UI is up, before the traffic, with how to keep it up after the summary.
-    early = re.search(r"Prefect UI, up while the demo runs and stops with it "
-                      r"\(scripts/quickstart --linger 600 [^)]*\): (\S+)", done.stdout)
-    assert early and early[1] == ui[1] and early.start() < done.stdout.index("sending identify"), done.stdout
-    for flow in ("deliver", "audience-sync", "deletions"):
-        assert re.search(rf"latest {flow} run: {re.escape(ui[1])}/runs/flow-run/[0-9a-f-]{{36}}", done.stdout)
-    for key in ("delivery-", "audience-vip-users", "deletion-requests"):
-        assert re.search(rf"artifact {key}\S*: {re.escape(ui[1])}/artifacts/artifact/[0-9a-f-]{{36}}", done.stdout), key
+    def read_output() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith("keeping everything up for"):
+                lingering.set()
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    try:
+        assert lingering.wait(400), "".join(output)[-4000:] + _logs(run_dir)
+        stdout = "".join(output)
+        assert _counts_table(stdout) == expected_counts()
+        assert "signatures: 12/12 verified" in stdout
+        ui = re.search(r"Prefect UI \(while the demo runs\): (http://127\.0\.0\.1:\d+)", stdout)
+        assert ui, stdout
+        # The address is given while the UI is up, before the traffic.
+        early = re.search(r"Prefect UI, up while the demo runs and for 600 s after the summary: (\S+)", stdout)
+        assert early and early[1] == ui[1] and early.start() < stdout.index("sending identify"), stdout
+        for flow in ("deliver", "audience-sync", "deletions"):
+            assert re.search(rf"latest {flow} run: {re.escape(ui[1])}/runs/flow-run/[0-9a-f-]{{36}}", stdout)
+        for key in ("delivery-", "audience-vip-users", "deletion-requests"):
+            assert re.search(rf"artifact {key}\S*: {re.escape(ui[1])}/artifacts/artifact/[0-9a-f-]{{36}}", stdout), key
+        check_artifact_pages(ui[1], tmp_path / "chromium")
+    finally:
+        process.send_signal(signal.SIGINT)  # Ctrl-C ends the lingering early
+        try:
+            process.wait(120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        reader.join(10)
+    assert process.returncode == 0, "".join(output)[-4000:] + _logs(run_dir)
     # Nothing it started is still running: no Prefect server, no service, no flow-run process.
     assert _processes_of(run_dir) == []
 

@@ -34,7 +34,7 @@ TINY_RUNS = {
                        r"raw aiohttp POST loop \(ceiling\)\s+\d+ msg/s(.|\n)*deliver_due \(outbox\)\s+\d+ msg/s"),
     "bench_client": (["--messages", "200", "--endpoints", "sink"],
                      r"delivered throughput ratio \(ours / Segment\): [\d.]+x"),
-    "bench_ordered_retries": (["--users", "10", "--per-user", "3", "--rounds", "1", "--limit", "20"],
+    "bench_ordered_retries": (["--users", "10", "--per-user", "3", "--rounds", "1", "--limit", "12"],
                               r"ordered / unordered drain \(best of 1 each\): [\d.]+ s / [\d.]+ s"),
     "bench_message_log": (["--kept", "3000", "--hot-messages", "1000", "--rounds", "1", "--probes", "20"],
                           r"log size: \d+ B per kept message(.|\n)*lookup by messageId: p50 [\d.]+ ms"

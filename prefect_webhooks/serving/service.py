@@ -366,6 +366,7 @@ def serve(
         raise
     children: list[Child] = [api, *workers]
     stages: list[Child | list[Child]] = [api, workers]
+    watcher = ApiWatcher(api_url)
     exit_code = 0
     try:
         wait_for_ingest(f"http://{host}:{port}", api)
@@ -387,7 +388,7 @@ def serve(
         print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, {delivery_workers} delivery worker(s), "
               "deployments served", flush=True)
         # A runner that lived through an outage of the Prefect API is replaced once it answers again (api_watch).
-        watcher = ApiWatcher(api_url).start()
+        watcher.start()
         while not stop.wait(0.5):
             if watcher.returned.is_set():
                 watcher.returned.clear()
@@ -405,6 +406,7 @@ def serve(
         print(f"prefect-webhooks serve: {exc}", file=sys.stderr, flush=True)
         exit_code = 1
     finally:
+        watcher.stop()
         stop_children(stages, grace_seconds)
         released = release_dead_local_leases()
         if released:

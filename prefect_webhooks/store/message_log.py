@@ -157,10 +157,9 @@ def move_to_log(
     if only_pending:
         removal = removal.where(OUTBOX.c.state == "pending")
     queued = connection.execute(removal.returning(*_QUEUED_COLUMNS)).all()
-    moved_ids = [row[0] for row in queued]
-    moved = set(moved_ids)
+    moved_ids = {row[0] for row in queued}
     keep_late_attempts(connection, [attempt for attempt in new_attempts
-                                    if attempt.outbox_id in by_id and attempt.outbox_id not in moved])
+                                    if attempt.outbox_id in by_id and attempt.outbox_id not in moved_ids])
     if not queued:
         return {}
     partitions = partitions_for(connection, {(KIND_OF_STATE[row.state], row.finished_at) for row in leaving})

@@ -311,21 +311,20 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
     staying = [attempt for attempt in records.attempts if attempt.outbox_id not in leaving_ids]
     with engine.begin() as connection:
         counts = move_to_log(connection, leaving, records.attempts)
-        still_queued = None
         if records.rescheduled:
             updated = connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
                  "b_reason": row.reason, "b_next_attempt_at": row.next_attempt_at, "b_lease_owner": row.lease_owner,
                  "b_lease_expires_at": row.lease_expires_at, "b_owner": records.owner}
                 for row in records.rescheduled]).rowcount
-            if not (connection.dialect.supports_sane_multi_rowcount and updated == len(records.rescheduled)):
+            all_updated = connection.dialect.supports_sane_multi_rowcount and updated == len(records.rescheduled)
+            if staying and not all_updated:
                 # Another worker took some row over after this one's lease ran out: it stays as that worker has it,
                 # and the attempts made here join its history (beside it in the queue, or in its kept record).
                 ids = sorted({attempt.outbox_id for attempt in staying})
-                still_queued = set(connection.execute(select(OUTBOX.c.id).where(OUTBOX.c.id.in_(ids))).scalars())
-        if still_queued is not None:
-            keep_late_attempts(connection, [a for a in staying if a.outbox_id not in still_queued])
-            staying = [attempt for attempt in staying if attempt.outbox_id in still_queued]
+                queued = set(connection.execute(select(OUTBOX.c.id).where(OUTBOX.c.id.in_(ids))).scalars())
+                keep_late_attempts(connection, [a for a in staying if a.outbox_id not in queued])
+                staying = [attempt for attempt in staying if attempt.outbox_id in queued]
         insert_rows(connection, ATTEMPTS, attempt_rows(staying))
         add_outcomes(connection, counts, [(row.destination, FAILED, row.reason, row.id) for row in records.failed]
                      + [(row.destination, FILTERED, row.reason, row.id) for row in records.filtered])

@@ -8,6 +8,7 @@ its destination's URLs; ``send_all`` sends a batch with a fixed set of workers.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -291,7 +292,9 @@ def _connection_error(url: str, exc: BaseException) -> str:
             exc.os_error, (ConnectionResetError, ConnectionAbortedError, ssl.SSLError)):
         return (f"TLS handshake failed: {_describe(exc.os_error)} (the receiver ended the handshake, as it does when "
                 "it refuses the client certificate or demands one that was not sent)")
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
+    if isinstance(exc, aiohttp.ServerDisconnectedError) or (
+            isinstance(exc, aiohttp.ClientOSError) and exc.errno == errno.ECONNRESET):
+        # Which of the two depends on whether the close reaches the sender before or while it writes the request.
         return (f"{described} (before answering; over TLS 1.3 this is also how a receiver refuses the client "
                 "certificate or a missing one it demands)")
     return described

@@ -9,8 +9,10 @@ Deployments (``flow/deployment``) as shipped:
 
 - ``deliver/continuous``: every 60 s; each run claims due messages for 75 s, so consecutive runs overlap and
   delivery does not pause. ``prefect-webhooks serve`` leaves it out here (``--no-deliver``) and runs its runs in
-  warm delivery workers instead (``prefect_webhooks.serving.delivery_worker``), with the same definition and schedule.
-- ``deletions/interval``: every 60 s; carries out requested deletions.
+  warm delivery workers instead (``prefect_webhooks.serving.delivery_worker``), with the same definition; they pace
+  the runs themselves (a run per interval while messages flow, one an hour while none do), without a schedule.
+- ``deletions/interval``: every 60 s; carries out requested deletions. ``prefect-webhooks serve`` serves it without
+  the schedule and its first delivery worker starts a run when a request waits (``serving.deletion_runs``).
 - ``prune/retention``: every 300 s; a retention pass. ``prefect-webhooks serve`` leaves it out here (``--no-prune``)
   and runs its passes in its pruner every ``PREFECT_WEBHOOKS_RETENTION_INTERVAL`` instead.
 - ``replay/on-demand``: no schedule; run it with parameters to put failed messages back to pending.
@@ -50,6 +52,9 @@ PRUNE_ENTRYPOINT = "prefect_webhooks.flows.prune.prune"
 REPLAY_DEPLOYMENT = "on-demand"
 AUDIENCE_SYNC_ENTRYPOINT = "prefect_webhooks.flows.audience_sync.audience_sync"
 TAGS = ["prefect-webhooks"]
+# What the deletions deployment's description adds in the Prefect UI when serve starts its runs.
+DELETIONS_ON_DEMAND = ("Served by prefect-webhooks serve, whose delivery worker starts a run when a deletion request "
+                       "waits (checked every schedule interval), instead of a run every interval.")
 
 # The keys of a prefect.yaml deployment that serve applies; `work_pool` only concerns `prefect deploy`.
 _SERVED_KEYS = {"name", "entrypoint", "description", "tags", "parameters", "schedules", "version"}
@@ -198,26 +203,28 @@ def served_deployment(entry: Mapping[str, Any]) -> RunnerDeployment:
 
 
 def deliver_definition(settings: WebhooksSettings | None = None) -> dict[str, Any]:
-    """The ``deliver/continuous`` entry of the deployments file.
+    """The ``deliver/continuous`` entry of the deployments file (the delivery workers run it).
 
     Raises:
         ValueError: when the deployments file has no deployment of that name.
     """
-    path = deployments_path(settings or get_settings())
-    for entry in load_definitions(path):
-        if entry["name"] == DELIVER_DEPLOYMENT:
-            return entry
-    raise ValueError(f"{path}: no deployment named {DELIVER_DEPLOYMENT!r} (the delivery workers run it)")
+    return definition_named(DELIVER_DEPLOYMENT, settings)
 
 
 def build_deployments(
-    settings: WebhooksSettings | None = None, *, deliver: bool = True, prune: bool = True
+    settings: WebhooksSettings | None = None,
+    *,
+    deliver: bool = True,
+    prune: bool = True,
+    deletions_on_demand: bool = False,
 ) -> list[RunnerDeployment]:
     """The deployments to serve: those of the deployments file, then one per entry of the audiences file.
 
     ``deliver=False`` leaves ``deliver/continuous`` out: the delivery workers of ``prefect-webhooks serve`` run it.
     ``prune=False`` leaves out the deployments of the ``prune`` flow: ``serve``'s pruner runs a pass every
-    ``PREFECT_WEBHOOKS_RETENTION_INTERVAL`` in its own process.
+    ``PREFECT_WEBHOOKS_RETENTION_INTERVAL`` in its own process. ``deletions_on_demand=True`` serves
+    ``deletions/interval`` without its schedule: ``serve``'s first delivery worker starts a run when a request waits
+    (``serving.deletion_runs``).
 
     Raises:
         ValueError: when a setting that no longer applies is set (it would be silently ignored otherwise).
@@ -232,8 +239,37 @@ def build_deployments(
     entries = [entry for entry in load_definitions(deployments_path(settings))
                if (deliver or entry["name"] != DELIVER_DEPLOYMENT)
                and (prune or entry["entrypoint"] != PRUNE_ENTRYPOINT)]
+    if deletions_on_demand:
+        entries = [on_demand_deletions(entry) if entry["name"] == DELETIONS_DEPLOYMENT else entry for entry in entries]
     entries += [audience_entry(audience) for audience in load_audience_schedules(audiences_path(settings))]
     return [served_deployment(entry) for entry in entries]
+
+
+def on_demand_deletions(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``deletions/interval`` entry as ``serve`` registers it when its runs start on demand: no schedule (a run
+    a minute would mostly find nothing), the description saying who starts the runs."""
+    description = " ".join(part for part in (entry.get("description"), DELETIONS_ON_DEMAND) if part)
+    return {**entry, "schedules": [], "description": description}
+
+
+def schedule_interval(entry: Mapping[str, Any]) -> float | None:
+    """The shortest active interval schedule of a deployment entry, in seconds; None without one."""
+    intervals = [float(schedule["interval"]) for schedule in entry.get("schedules") or []
+                 if schedule.get("interval") and schedule.get("active", True)]
+    return min(intervals) if intervals else None
+
+
+def definition_named(name: str, settings: WebhooksSettings | None = None) -> dict[str, Any]:
+    """The entry of the deployments file named ``name``.
+
+    Raises:
+        ValueError: when the deployments file has no deployment of that name.
+    """
+    path = deployments_path(settings or get_settings())
+    for entry in load_definitions(path):
+        if entry["name"] == name:
+            return entry
+    raise ValueError(f"{path}: no deployment named {name!r}")
 
 
 def main(
@@ -248,6 +284,10 @@ def main(
         bool,
         typer.Option(help="Serve prune/retention too; --no-prune when serve's pruner runs the passes."),
     ] = True,
+    deletions_on_demand: Annotated[
+        bool,
+        typer.Option(help="Serve deletions/interval without its schedule: a delivery worker starts its runs."),
+    ] = False,
 ) -> None:
     """Serve every deployment (deployments file and audiences file) until SIGTERM/SIGINT.
 
@@ -258,7 +298,7 @@ def main(
 
     from prefect_webhooks.deployments.outages import restart_when_unreachable, settle_missed_runs, wait_for_api
 
-    deployments = build_deployments(deliver=deliver, prune=prune)
+    deployments = build_deployments(deliver=deliver, prune=prune, deletions_on_demand=deletions_on_demand)
     wait_for_api()
     settle_missed_runs(deployments)
     if not deliver:

@@ -19,6 +19,10 @@ from prefect_webhooks.utilities.durations import duration_seconds
 DEFAULT_HOME = Path.home() / ".prefect-webhooks"
 
 
+# Seconds, written in the environment as ``90``, ``90s``, ``15m``, ``24h`` or ``7d``.
+Duration = Annotated[float, BeforeValidator(duration_seconds)]
+
+
 class _SettingsGroup(BaseSettings):
     """One group of settings; each field maps to ``PREFECT_WEBHOOKS_<NAME>``."""
 
@@ -74,7 +78,10 @@ class DeliverySettings(_SettingsGroup):
     )
     retry_max_delay: float = Field(default=1800.0, gt=0, description="Largest retry delay in seconds.")
     task_retries: int = Field(
-        default=2, ge=0, description="Retries of a delivery batch inside one flow run (Prefect task retries)."
+        default=2,
+        ge=0,
+        description="Retries of a delivery batch inside a flow run that ends once nothing is due (Prefect task "
+        "retries); a run that keeps delivering sends each retry from the outbox when it is due.",
     )
     task_run_seconds: float = Field(
         default=10.0,
@@ -220,10 +227,15 @@ class ServeSettings(_SettingsGroup):
             "token is unset."
         ),
     )
-
-
-# Seconds, written in the environment as ``90``, ``90s``, ``15m``, ``24h`` or ``7d``.
-Duration = Annotated[float, BeforeValidator(duration_seconds)]
+    quiet_run_seconds: Duration = Field(
+        default=3600.0,
+        gt=0,
+        description=(
+            "Longest a deliver run of `serve`'s delivery worker lasts while it claims nothing: a run that delivered "
+            "something hands over after the deliver schedule's interval, a quiet one goes on, so a quiet service adds "
+            "one run per this period to the Prefect UI instead of one a minute."
+        ),
+    )
 
 
 class RetentionSettings(_SettingsGroup):
@@ -270,6 +282,12 @@ class OutageSettings(_SettingsGroup):
         default=5.0,
         gt=0,
         description="How often a process checks whether an unreachable Prefect API is back.",
+    )
+    stuck_run_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="After the Prefect API's return, how long a served run taken before or just after it may stay "
+        "Pending before `serve` marks it Crashed (it never started; the next run covers its slot).",
     )
 
 

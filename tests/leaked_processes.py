@@ -37,15 +37,24 @@ def _command(pid: int) -> str:
     return "?"
 
 
+def _parent(pid: int) -> int:
+    with suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return 0
+
+
+def _ends_with_this_process(pid: int, command: str) -> bool:
+    """multiprocessing's resource tracker started by this very process (a test's spawned children start one): it
+    reads a pipe this process holds open and exits when this process does."""
+    return "multiprocessing.resource_tracker" in command and _parent(pid) == os.getpid()
+
+
 def _own_line() -> set[int]:
     """This process and its ancestors."""
     pids, pid = set(), os.getpid()
     while pid > 1:
         pids.add(pid)
-        with suppress(OSError, ValueError, IndexError):
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            continue
-        break
+        pid = _parent(pid)
     return pids
 
 
@@ -61,8 +70,10 @@ def marked_processes() -> dict[int, str]:
             state = ""
             with suppress(OSError, IndexError):
                 state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z":  # a zombie has ended; its parent has yet to reap it
-                found[int(entry.name)] = _command(int(entry.name))
+            command = _command(int(entry.name))
+            # A zombie has ended; its parent has yet to reap it.
+            if state != "Z" and not _ends_with_this_process(int(entry.name), command):
+                found[int(entry.name)] = command
     return found
 
 

@@ -5,12 +5,19 @@ the user's further events, all in one transaction.
 """
 
 from prefect_webhooks.deletions.processing import DeletionOutcome, process_deletion
-from prefect_webhooks.deletions.requests import DeletionError, PendingRequest, pending_requests, request_deletion
+from prefect_webhooks.deletions.requests import (
+    DeletionError,
+    PendingRequest,
+    has_pending_requests,
+    pending_requests,
+    request_deletion,
+)
 
 __all__ = [
     "DeletionError",
     "DeletionOutcome",
     "PendingRequest",
+    "has_pending_requests",
     "pending_requests",
     "process_deletion",
     "request_deletion",

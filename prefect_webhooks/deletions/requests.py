@@ -67,6 +67,14 @@ def request_deletion(
         return int(result.inserted_primary_key[0])
 
 
+def has_pending_requests(engine: Engine | None = None) -> bool:
+    """Whether a request waits to be processed (one probe of the requests' state index)."""
+    engine = engine or get_engine()
+    with engine.connect() as connection:
+        waiting = connection.execute(select(REQUESTS.c.id).where(REQUESTS.c.state == REQUESTED).limit(1)).first()
+    return waiting is not None
+
+
 def pending_requests(engine: Engine | None = None, request_ids: Sequence[int] | None = None) -> list[PendingRequest]:
     """Requests still to process (oldest first), optionally only those among ``request_ids``."""
     engine = engine or get_engine()

@@ -76,6 +76,8 @@ class Shift:
     destinations: DestinationCache
     claiming: asyncio.Event = field(default_factory=asyncio.Event)
     handed_over: asyncio.Event = field(default_factory=asyncio.Event)
+    batches_claimed: int = 0
+    """Batches the run has claimed so far: none means a quiet run, which the worker lets go on."""
     unrecorded: DeliveryStats | None = None
     """What the run did, when its artifacts could not be published (the worker publishes them on the API's return)."""
 
@@ -115,8 +117,6 @@ async def deliver_due(
 
 
 async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> DeliveryStats:
-    windows = TaskWindows(context) if options.prefect_tasks else None
-    run_batch = windows.run if windows is not None else process_batch
     idle_sleep, parallel_batches, max_batches = options.idle_sleep, options.parallel_batches, options.max_batches
     size = options.batch_size or context.settings.delivery.claim_batch_size
     stop_at = time.monotonic() + options.run_for_seconds if options.run_for_seconds is not None else None
@@ -124,9 +124,11 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
     # more. Each batch is a Prefect task run, which costs the Prefect server ~10-25 ms of CPU whatever its size:
     # this keeps task runs to a few per second at any rate, their batches growing with the rate.
     spacing = idle_sleep if stop_at is not None else 0.0
-    # Only a run that keeps delivering brings messages forward for a circuit's probe or recovery: in a run that ends
-    # once nothing is due, each probe would make one more message due, and a hanging endpoint would keep it going.
-    follow_circuits = stop_at is not None and not options.until_empty
+    keeps_delivering = stop_at is not None and not options.until_empty
+    # A run that keeps delivering claims each retry when it is due; one that ends once nothing is due would not come
+    # back for it, so there the task's next try sends it.
+    windows = TaskWindows(context, holds_retries=not keeps_delivering) if options.prefect_tasks else None
+    run_batch = windows.run if windows is not None else process_batch
     shift = current_shift.get()
     in_flight: set[asyncio.Task[Any]] = set()
     claimed_batches = 0
@@ -139,7 +141,10 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
                        else stop_at is not None and time.monotonic() >= stop_at)
         out_of_batches = max_batches is not None and claimed_batches >= max_batches
         exhausted = False
-        if follow_circuits:
+        # Only a run that keeps delivering brings messages forward for a circuit's probe or recovery: in a run that
+        # ends once nothing is due, each probe would make one more message due, and a hanging endpoint would keep it
+        # going.
+        if keeps_delivering:
             await _follow_circuits(context)
         while (not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1)
                and time.monotonic() >= next_claim_at):
@@ -162,6 +167,8 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
                 break
             claimed_batches += 1
             context.stats.batches += 1
+            if shift is not None:
+                shift.batches_claimed += 1
             in_flight.add(asyncio.ensure_future(run_batch(ClaimedBatch(rows), context)))
             out_of_batches = max_batches is not None and claimed_batches >= max_batches
             if len(rows) < size:

@@ -7,10 +7,14 @@ process claims within ``task_run_seconds`` (10 s) of a window's start share one 
 window per delivering process, whatever the rate, plus the window's retries. Each batch is still sent as soon as it
 is claimed, and its claim slot is free once its first try is recorded.
 
-A task retry is the short-term policy: the messages a window's first try could not deliver stay leased by this
-process and are sent again after Prefect's wait, ``exponential_backoff`` from ``retry_base_delay`` capped at
-``retry_max_delay`` (the first steps of the outbox's own backoff). On the final try whatever is left goes back to
-the outbox at its backoff time.
+Retries are paced by their schedule, never by a window. In a run that keeps delivering (a delivery worker's shifts,
+runs with ``run_for_seconds``) a message to retry goes back to the outbox at its backoff time and the claim loop
+sends it when it is due: holding it for the task's next try would make it wait for the window to close first (up to
+``task_run_seconds`` more per retry). In a run that ends once nothing is due, nothing would claim it again, so there a
+task retry is the short-term policy: the messages a window's first try could not deliver stay leased by this process
+and are sent again after Prefect's wait, ``exponential_backoff`` from ``retry_base_delay`` capped at
+``retry_max_delay`` (the first steps of the outbox's own backoff). On the final try whatever is left goes back to the
+outbox at its backoff time.
 """
 
 from __future__ import annotations
@@ -46,8 +50,10 @@ class BatchWindow:
     A plain object, so Prefect passes it to the task without walking into its queue.
     """
 
-    def __init__(self, closes_at: float) -> None:
+    def __init__(self, closes_at: float, *, holds_retries: bool = True) -> None:
         self.closes_at = closes_at
+        self.holds_retries = holds_retries
+        """Whether messages to retry stay leased for the task's next try (False: back to the outbox when due)."""
         self.closed = False
         self.queue: asyncio.Queue[tuple[ClaimedBatch, asyncio.Future[BatchResult]] | None] = asyncio.Queue()
         self.held: list[Claimed] = []
@@ -98,7 +104,7 @@ async def deliver_batches(window: BatchWindow, context: DeliveryContext) -> dict
     task_context = TaskRunContext.get()
     run_count = max(task_context.task_run.run_count, 1) if task_context is not None else 1
     delays = task_retry_delays(context.settings)
-    next_delay = delays[run_count - 1] if run_count <= len(delays) else None
+    next_delay = delays[run_count - 1] if run_count <= len(delays) and window.holds_retries else None
     log = get_run_logger()
     if run_count == 1:
         results = await _first_try(window, context, next_delay, log)
@@ -149,8 +155,10 @@ async def _first_try(
 class TaskWindows:
     """Hands each claimed batch to the open window's task run, opening one every ``task_run_seconds``."""
 
-    def __init__(self, context: DeliveryContext) -> None:
+    def __init__(self, context: DeliveryContext, *, holds_retries: bool = True) -> None:
+        """``holds_retries=False`` in a run that keeps delivering: its claim loop sends each retry when it is due."""
         self.context = context
+        self.holds_retries = holds_retries
         self.task = delivery_task(context.settings)
         self.seconds = context.settings.delivery.task_run_seconds
         self.window: BatchWindow | None = None
@@ -162,7 +170,7 @@ class TaskWindows:
         if self.window is None or self.window.closed or now >= self.window.closes_at:
             if self.window is not None:
                 self.window.close()
-            self.window = BatchWindow(now + self.seconds)
+            self.window = BatchWindow(now + self.seconds, holds_retries=self.holds_retries)
             window = self.window
             # Closed on time even if no batch comes after it: its held rows are retried within their lease.
             asyncio.get_running_loop().call_at(window.closes_at, window.close)

@@ -2,23 +2,29 @@
 
 ``prefect-webhooks serve`` starts one (or ``--delivery-workers N``) next to the ingest API. Each worker:
 
-- registers ``deliver/continuous`` exactly as ``deployments/prefect.yaml`` defines it (the one definition: its
-  schedule, parameters and description), and serves it instead of the runner;
+- registers ``deliver/continuous`` as ``deployments/prefect.yaml`` defines it (the one definition: its parameters and
+  description) but without its schedule, and serves it instead of the runner: the worker paces the runs itself, so
+  that a quiet minute needs no run of its own;
 - runs the ``deliver`` flow **in its own process**, one flow run after another (a *shift* each), so no Python process
   with Prefect loaded is started per run (seconds of CPU each). Every run is a run of the deployment: it shows under
   it in the Prefect UI with its task runs and artifacts;
 - starts the first shift as soon as it has registered, so what is due moves within seconds of ``serve`` starting,
   without waiting for the first scheduled run;
-- takes the deployment's scheduled runs as they fall due (it polls every ``PREFECT_RUNNER_POLL_FREQUENCY`` seconds,
-  like a Prefect runner), and runs started by hand (``prefect deployment run deliver/continuous``, the UI's *Run*
-  button) the same way: each becomes the next shift;
+- starts the next run every interval of the definition's schedule while messages flow; a run that has claimed
+  nothing goes on instead, up to ``PREFECT_WEBHOOKS_QUIET_RUN_SECONDS`` (an hour), and hands over at the first
+  interval after it has delivered something. A quiet service shows one run an hour in the Prefect UI, not one a
+  minute;
+- takes runs started by hand (``prefect deployment run deliver/continuous``, the UI's *Run* button) and any the
+  deployment has scheduled as they fall due (it polls every ``PREFECT_RUNNER_POLL_FREQUENCY`` seconds, like a
+  Prefect runner): each becomes the next shift;
 - hands over without a pause: a shift ends only once its successor has made its first claim; the predecessor then
   stops claiming, finishes the batches it holds, publishes its artifacts and completes. The two overlap by at least
-  one claim (leases keep their rows apart). Where no scheduled run came (another worker took it, or the schedule was
-  removed), the worker starts a run itself one poll after the schedule's interval;
+  one claim (leases keep their rows apart);
 - starts no run of its own while the deployment is paused in Prefect (the scheduler makes none either), so delivery
   stops at the end of the current shift and resumes with the deployment; a run set to *Cancelling* stops claiming
   and ends after its batches;
+- started with ``--start-deletion-runs`` (``serve``'s first worker), also starts a ``deletions/interval`` run when a
+  deletion request waits (``serving.deletion_runs``);
 - on SIGTERM/SIGINT stops claiming, finishes the batches in flight, completes its runs and exits 0;
 - never waits for the Prefect API: every call to it is bounded (``api_wait_seconds``) and skipped while it is known
   to be down. A run whose successor cannot start keeps delivering; a worker that cannot start any run (started
@@ -43,7 +49,7 @@ import signal
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 import typer
@@ -63,12 +69,21 @@ from prefect.utilities.engine import propose_state
 from prefect_webhooks.blocks.api_status import prefect_api
 from prefect_webhooks.delivery import Sender
 from prefect_webhooks.delivery.destinations import DestinationCache
-from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, deliver_definition, served_deployment
+from prefect_webhooks.deployments.serve import (
+    DELETIONS_DEPLOYMENT,
+    DELIVER_DEPLOYMENT,
+    definition_named,
+    deliver_definition,
+    schedule_interval,
+    served_deployment,
+)
 from prefect_webhooks.flows.catch_up import run_newest_only
+from prefect_webhooks.serving.deletion_runs import start_deletion_runs
 from prefect_webhooks.serving.processes import log_to_stderr
 from prefect_webhooks.serving.run_records import RunRecords
 from prefect_webhooks.serving.shifts import (
     RunningShift,
+    end_shifts,
     offline_options,
     shift_seconds,
     start_flow_run_shift,
@@ -89,19 +104,31 @@ REGISTRATION_WAIT_SECONDS = 10.0
 RECORD_AT_EXIT_SECONDS = 10.0
 
 
+# What the deployment's description adds in the Prefect UI, where it shows without a schedule.
+PACED_BY_THE_WORKER = ("Served by prefect-webhooks serve's delivery worker, which starts its runs: one per schedule "
+                       "interval while messages flow, one per PREFECT_WEBHOOKS_QUIET_RUN_SECONDS while none do.")
+
+
 def register_deliver_deployment(definition: dict[str, Any]) -> UUID:
-    """Create or update ``deliver/continuous`` from its definition; returns the deployment's id."""
-    return served_deployment(definition).apply()
+    """Create or update ``deliver/continuous`` from its definition, without its schedule (the worker starts the runs:
+    a scheduled run each interval would make a run of every quiet minute); returns the deployment's id."""
+    description = " ".join(part for part in (definition.get("description"), PACED_BY_THE_WORKER) if part)
+    return served_deployment({**definition, "schedules": [], "description": description}).apply()
 
 
 class DeliveryWorker:
     """Runs the runs of ``deliver/continuous`` one after another, overlapping at each handover, in this process."""
 
-    def __init__(self, settings: WebhooksSettings | None = None, *, poll_seconds: float | None = None) -> None:
+    def __init__(self, settings: WebhooksSettings | None = None, *, poll_seconds: float | None = None,
+                 start_deletion_runs: bool = False) -> None:
+        """``start_deletion_runs``: also start ``deletions/interval``'s runs when a request waits (``serve``'s first
+        worker; ``serving.deletion_runs``), every interval of that deployment's schedule."""
         self.settings = settings or get_settings()
+        deletions = definition_named(DELETIONS_DEPLOYMENT, self.settings) if start_deletion_runs else {}
+        self.deletion_checks_every = schedule_interval(deletions)
         self.poll_seconds = poll_seconds if poll_seconds is not None else float(PREFECT_RUNNER_POLL_FREQUENCY.value())
         self.definition = deliver_definition(self.settings)
-        self.shift_seconds = shift_seconds(self.definition, self.poll_seconds)
+        self.shift_seconds = shift_seconds(self.definition)
         self.stopping = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.deployment_id: UUID | None = None
@@ -116,10 +143,14 @@ class DeliveryWorker:
         async with Sender(self.settings) as sender, get_client() as client:
             self.sender, self.destinations, self.client = sender, DestinationCache(), client
             self.api = prefect_api()
-            self.records = RunRecords(self.api, dict(self.definition.get("parameters") or {}))
+            self.records = RunRecords(self.api, dict(self.definition.get("parameters") or {}),
+                                      stuck_run_seconds=self.settings.outage.stuck_run_seconds)
             self.api.on_back(self._settle_records)
             registering = self._register()
             settling: asyncio.Future[None] = asyncio.ensure_future(asyncio.sleep(0))
+            if self.deletion_checks_every:
+                checking = asyncio.ensure_future(start_deletion_runs(client, self.api, self.deletion_checks_every,
+                                                                     self.stopping))
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(registering), REGISTRATION_WAIT_SECONDS)
             # Everything loaded so far lives as long as the process: out of the collector's way (a third of the CPU
@@ -142,7 +173,11 @@ class DeliveryWorker:
                     due = await self._poll()
                     next_poll = now + self.poll_seconds
                 if not due and now >= next_shift:
-                    due = [None]  # no scheduled run came: a run of the worker's own
+                    if current is not None and current.goes_on_quietly(self.settings.serve.quiet_run_seconds,
+                                                                       time.time()):
+                        next_shift = now + self.shift_seconds
+                    else:
+                        due = [None]  # the next run of the worker's own
                 for flow_run in due:
                     successor = await self._start_shift(current, flow_run)
                     if successor is not None:
@@ -162,8 +197,12 @@ class DeliveryWorker:
                         waiting.cancel()
             registering.cancel()
             settling.cancel()
+            if self.deletion_checks_every:
+                checking.cancel()
             self.records.cancel_sweeps()
-            await self._end_all()
+            # A batch in flight needs at most one request timeout, its record and the run's artifacts.
+            await end_shifts([*self.runs.values(), *([self.offline] if self.offline else [])], self.api,
+                             self.settings.delivery.request_timeout * 2 + 10)
             if self.records.waiting and self.api.reachable:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._settle_records(), RECORD_AT_EXIT_SECONDS)
@@ -312,31 +351,6 @@ class DeliveryWorker:
                 taken.append(flow_run)
         return taken
 
-    async def _end_all(self, grace: float | None = None) -> None:
-        """Stop every shift claiming and wait for them to finish their batches and complete.
-
-        While the Prefect API is down a run whose flow has returned only waits to report its end: it is not waited
-        for (the run records keep it for the API's return).
-        """
-        shifts = [*self.runs.values(), *([self.offline] if self.offline else [])]
-        for running in shifts:
-            running.shift.handed_over.set()
-        # A batch in flight needs at most one request timeout, its record and the run's artifacts.
-        deadline = time.monotonic() + (grace if grace is not None else self.settings.delivery.request_timeout * 2 + 10)
-        pending = {running.task: running for running in shifts}
-        while pending and time.monotonic() < deadline:
-            done, _ = await asyncio.wait(pending, timeout=0.2)
-            for task in done:
-                del pending[task]
-            for task, running in list(pending.items()):
-                if not self.api.reachable and running.shift.unrecorded is not None:
-                    task.cancel()
-                    del pending[task]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=5)
-
 
 async def _main(worker: DeliveryWorker, stop_requested: threading.Event) -> None:
     worker.loop = asyncio.get_running_loop()
@@ -345,7 +359,8 @@ async def _main(worker: DeliveryWorker, stop_requested: threading.Event) -> None
     await worker.run()
 
 
-def main() -> None:
+def main(start_deletion_runs: Annotated[bool, typer.Option(
+        help="Also start deletions/interval's runs when a deletion request waits.")] = False) -> None:
     """Run the deliver/continuous deployment's runs in this process until SIGTERM/SIGINT."""
     # Prefect configures logging when imported (its root handler shows warnings only); the package's lines, from
     # INFO (an endpoint failing and answering again, a paused deployment), go to stderr beside the runs' own.
@@ -354,7 +369,7 @@ def main() -> None:
     # (one more record for the server to store per task run): their states show in the UI already. Warnings and
     # errors of the batches (timeouts, failures) are still logged.
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
-    worker = DeliveryWorker()
+    worker = DeliveryWorker(start_deletion_runs=start_deletion_runs)
     stop_requested = threading.Event()
     try:
         import uvloop

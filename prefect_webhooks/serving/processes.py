@@ -1,4 +1,5 @@
-"""The processes below ``serve``: whether one runs, what it started, stopping them, and their log lines."""
+"""The processes below ``serve``: whether one runs (a lease owner of this host included), what it started, stopping
+them, and their log lines."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Sequence
 
@@ -46,3 +48,15 @@ def log_to_stderr(logger: logging.Logger) -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+def dead_local_owners(owners: Sequence[str], hostname: str | None = None) -> list[str]:
+    """The lease owners (``host:pid:run``, see ``delivery.context.new_owner``) of this host whose process is gone."""
+    host = (hostname or socket.gethostname())[:40]
+    dead = []
+    for owner in owners:
+        owner_host, _, rest = owner.partition(":")
+        pid = rest.partition(":")[0]
+        if owner_host == host and pid.isdigit() and not psutil.pid_exists(int(pid)):
+            dead.append(owner)
+    return dead

@@ -7,9 +7,10 @@
   ``Completed`` with its counts when its flow returned (only the report waited), ``Crashed`` with the reason when it
   never started (created or taken just as the API went away) or was cut short; its artifacts are published.
 - Runs of the served deployments that Prefect's runner took but could not start during the outage stay ``Pending``
-  for good: ``SWEEP_AFTER_RETURN_SECONDS`` after the API's return (time enough for a run being started then to report
-  itself running, through its client's retries) those ``Pending`` for ``PENDING_FOR_GOOD_SECONDS`` are set
-  ``Crashed``; the next scheduled runs cover their slots. Runs of work-pool deployments are left to their workers.
+  for good: ``PREFECT_WEBHOOKS_STUCK_RUN_SECONDS`` (30 s) plus ``SWEEP_MARGIN_SECONDS`` after the API's return (time
+  enough for a run being started then to report itself running, through its client's retries) those ``Pending`` for
+  the setting's seconds are set ``Crashed``; the next scheduled runs cover their slots. Runs of work-pool deployments
+  are left to their workers.
 
 The ledger is kept in ``<home>/local-copy/run-records.json`` (run ids, counts, the artifacts' rows: no secret), so
 what a worker stopped during an outage could not record is recorded by the next worker of the host (``serve``
@@ -51,8 +52,8 @@ logger = logging.getLogger("prefect_webhooks.serving.delivery_worker")
 
 # Recording is not on the path of a message: it may take its time, one Prefect call after another.
 RECORD_WAIT_SECONDS = 30.0
-SWEEP_AFTER_RETURN_SECONDS = 45.0
-PENDING_FOR_GOOD_SECONDS = 30.0
+# The sweep after an outage comes this long after a run taken at the return would count as stuck.
+SWEEP_MARGIN_SECONDS = 15.0
 _ARTIFACT_FIELDS = {"key", "description", "table"}
 
 
@@ -84,6 +85,8 @@ class RunRecords:
     parameters: dict[str, Any] = field(default_factory=dict)
     ledger: LocalCopy = field(default_factory=lambda: LocalCopy("run-records"))
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stuck_run_seconds: float = 30.0
+    """How long a served run may stay Pending after an outage before it is marked Crashed."""
     swept_outages: int = 0
     sweeps: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -188,10 +191,10 @@ class RunRecords:
         self.swept_outages = self.api.outages
 
         async def sweep() -> None:
-            await asyncio.sleep(SWEEP_AFTER_RETURN_SECONDS)
+            await asyncio.sleep(self.stuck_run_seconds + SWEEP_MARGIN_SECONDS)
             # Runs taken during the outage, and just after the return by a runner that lived through it (serve
             # replaces that runner within seconds: serving.api_watch), have been Pending for longer than any start.
-            cutoff = datetime.now(timezone.utc) - timedelta(seconds=PENDING_FOR_GOOD_SECONDS)
+            cutoff = datetime.now(timezone.utc) - timedelta(seconds=self.stuck_run_seconds)
             await self._record(lambda: self.crash_stuck_runs(client, cutoff))
 
         task = asyncio.ensure_future(sweep())

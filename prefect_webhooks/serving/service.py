@@ -3,11 +3,10 @@
 It supervises its child processes, each in its own process group:
 
 - the ingest API: uvicorn running ``create_service_app`` (the ingest app with ``/metrics``, ``/health/backlog``, the
-  admin API and the console),
-  one process or ``ingest_workers`` processes sharing the port;
+  admin API and the console), one process or ``ingest_workers`` processes sharing the port;
 - the delivery worker(s): ``python -m prefect_webhooks.serving.delivery_worker``, each running the runs of the
   ``deliver/continuous`` deployment in its own warm process (see that module); started together with the API, so
-  what is due is delivered within seconds of the start;
+  what is due is delivered within seconds of the start; the first also starts deletions runs when a request waits;
 - the other deployments: ``python -m prefect_webhooks.deployments.serve --no-deliver``, a Prefect runner serving the
   rest of ``deployments/prefect.yaml`` and the audience syncs against the Prefect server in ``PREFECT_API_URL``;
 - the pruner: ``python -m prefect_webhooks.serving.pruner``, a retention pass (the ``prune`` flow, in-process) every
@@ -22,7 +21,8 @@ host, is gone), so they are pending again; if the supervisor itself is killed, t
 
 If the ingest API or a delivery worker dies, the others are stopped too and the service exits non-zero, so a process
 manager restarts them. The runner is started again instead (``serving.restarts``): on some Prefect releases it exits
-when the Prefect API cannot be reached, and ingest and delivery must go on meanwhile.
+when the Prefect API cannot be reached, and ingest and delivery must go on meanwhile. Stopped while the API is down,
+the runner and the pruner get ``OUTAGE_STOP_SECONDS``: their stop would only wait on calls to it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,10 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from prefect_webhooks.serving.api_watch import ApiWatcher, restart_runner
-from prefect_webhooks.serving.processes import descendant_pids, terminate_and_wait
+from prefect_webhooks.serving.processes import dead_local_owners, descendant_pids, terminate_and_wait
 from prefect_webhooks.serving.pruner import pruner_command
 from prefect_webhooks.serving.restarts import Restarts
 
@@ -55,6 +52,9 @@ if TYPE_CHECKING:
 INGEST_READY_TIMEOUT = 60.0
 RUNNER_NICENESS = 10
 DEFAULT_GRACE_SECONDS = 30.0
+# While the Prefect API is down, the runner and the pruner spend a stop retrying calls that cannot succeed (21 s of
+# a 30 s grace, measured), and their runs could not report their end anyway.
+OUTAGE_STOP_SECONDS = 5.0
 
 
 def create_service_app() -> Any:
@@ -95,19 +95,22 @@ def ingest_command(host: str, port: int, workers: int = 1) -> list[str]:
     ]
 
 
-def delivery_worker_command() -> list[str]:
-    """The command line of one delivery worker (``prefect_webhooks.serving.delivery_worker``)."""
-    return [sys.executable, "-m", "prefect_webhooks.serving.delivery_worker"]
+def delivery_worker_command(*, start_deletion_runs: bool = False) -> list[str]:
+    """The command line of one delivery worker (``prefect_webhooks.serving.delivery_worker``); the first one also
+    starts the deletions runs when a request waits."""
+    command = [sys.executable, "-m", "prefect_webhooks.serving.delivery_worker"]
+    return [*command, "--start-deletion-runs"] if start_deletion_runs else command
 
 
 def deployments_command(limit: int | None = None, *, deliver: bool = False) -> list[str]:
     """The command line that serves the deployments (``deployments/serve.py``); ``deliver/continuous`` only when
-    ``deliver`` (``serve`` runs it in delivery workers instead), never ``prune/retention`` (the pruner's job)."""
+    ``deliver`` (``serve`` runs it in delivery workers instead, which then start the deletions runs on demand), never
+    ``prune/retention`` (the pruner's job)."""
     command = [sys.executable, "-m", "prefect_webhooks.deployments.serve", "--no-prune"]
     if limit:
         command += ["--limit", str(limit)]
     if not deliver:
-        command.append("--no-deliver")
+        command += ["--no-deliver", "--deletions-on-demand"]
     return command
 
 
@@ -145,6 +148,8 @@ class Child:
     niceness: int = 0
     # Started again when it exits (the runner), instead of stopping the service.
     restarts: Restarts | None = None
+    # Its grace while the Prefect API is down, when its stop only waits on calls to it (the runner, the pruner).
+    outage_grace: float | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> Child:
@@ -228,18 +233,6 @@ class Child:
         return False
 
 
-def dead_local_owners(owners: Sequence[str], hostname: str | None = None) -> list[str]:
-    """The lease owners (``host:pid:run``, see ``delivery.context.new_owner``) of this host whose process is gone."""
-    host = (hostname or socket.gethostname())[:40]
-    dead = []
-    for owner in owners:
-        owner_host, _, rest = owner.partition(":")
-        pid = rest.partition(":")[0]
-        if owner_host == host and pid.isdigit() and not psutil.pid_exists(int(pid)):
-            dead.append(owner)
-    return dead
-
-
 def release_dead_local_leases(engine: Engine | None = None) -> int:
     """Return to pending, at once, the rows leased by delivery processes of this host that no longer exist.
 
@@ -289,17 +282,18 @@ def wait_for_ingest(base_url: str, child: Child, timeout: float = INGEST_READY_T
     raise TimeoutError(f"{child.name} not ready after {timeout:.0f} s")
 
 
-def stop_children(children: Sequence[Child | Sequence[Child]], grace_seconds: float) -> None:
+def stop_children(children: Sequence[Child | Sequence[Child]], grace_seconds: float, *, api_down: bool = False) -> None:
     """Stop children in order (a list of children stops together): each gets its stop signal and
-    ``grace_seconds``, then its group is killed."""
+    ``grace_seconds`` (its ``outage_grace`` when ``api_down``), then its group is killed."""
     for stage in children:
         together = [stage] if isinstance(stage, Child) else list(stage)
         for child in together:
             child.terminate()
-        deadline = time.monotonic() + grace_seconds
+        grace = min([grace_seconds, *(child.outage_grace for child in together if api_down and child.outage_grace)])
+        deadline = time.monotonic() + grace
         for child in together:
             if not child.wait(max(deadline - time.monotonic(), 0.0)):
-                print(f"prefect-webhooks serve: {child.name} did not stop in {grace_seconds:.0f} s; killing it",
+                print(f"prefect-webhooks serve: {child.name} did not stop in {grace:.0f} s; killing it",
                       file=sys.stderr)
         for child in together:
             # Anything left in the group (a flow-run process) goes too, reporting its run as Crashed; ``serve``
@@ -351,7 +345,7 @@ def serve(
     # The delivery workers start first, before this process reads its settings (a third of a second of imports):
     # what is already due is delivered while the API starts. The stop order: stop accepting, then stop delivering,
     # then the other deployments.
-    workers = [Child(f"delivery worker {number}", delivery_worker_command()).start()
+    workers = [Child(f"delivery worker {number}", delivery_worker_command(start_deletion_runs=number == 1)).start()
                for number in range(1, delivery_workers + 1)]
     try:
         from prefect_webhooks.settings import get_settings
@@ -380,9 +374,10 @@ def serve(
             terminate_descendants_first=True,
             niceness=RUNNER_NICENESS,
             restarts=Restarts(),
+            outage_grace=OUTAGE_STOP_SECONDS,
         ).start()
         # Retention passes, niced too, every PREFECT_WEBHOOKS_RETENTION_INTERVAL (serving/pruner.py).
-        pruner = Child("pruner", pruner_command(), niceness=RUNNER_NICENESS).start()
+        pruner = Child("pruner", pruner_command(), niceness=RUNNER_NICENESS, outage_grace=OUTAGE_STOP_SECONDS).start()
         children += [runner, pruner]
         stages += [runner, pruner]
         print(f"prefect-webhooks serve: ingest API on http://{host}:{port}, {delivery_workers} delivery worker(s), "
@@ -407,7 +402,7 @@ def serve(
         exit_code = 1
     finally:
         watcher.stop()
-        stop_children(stages, grace_seconds)
+        stop_children(stages, grace_seconds, api_down=watcher.watch.down_since is not None)
         released = release_dead_local_leases()
         if released:
             print(f"prefect-webhooks serve: {released} interrupted deliveries returned to pending", flush=True)

@@ -20,21 +20,21 @@ from uuid import UUID
 
 from prefect.flow_engine import run_flow
 
+from prefect_webhooks.blocks.api_status import PrefectApi
 from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, Sender, Shift, current_shift, deliver_due
 from prefect_webhooks.delivery.destinations import DestinationCache
-from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT
+from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, schedule_interval
 from prefect_webhooks.flows.deliver import deliver
 
 logger = logging.getLogger("prefect_webhooks.serving.delivery_worker")
 
 
-def shift_seconds(definition: dict[str, Any], poll_seconds: float) -> float:
-    """How long a shift lasts when no scheduled run takes over: one poll after the schedule's interval, so a
-    scheduled run normally comes first; without an interval schedule, four fifths of the run's ``run_for_seconds``."""
-    intervals = [float(schedule["interval"]) for schedule in definition.get("schedules") or []
-                 if schedule.get("interval") and schedule.get("active", True)]
-    if intervals:
-        return min(intervals) + poll_seconds
+def shift_seconds(definition: dict[str, Any]) -> float:
+    """How long a shift lasts before the worker starts the next run: the schedule's interval; without an interval
+    schedule, four fifths of the run's ``run_for_seconds``."""
+    interval = schedule_interval(definition)
+    if interval is not None:
+        return interval
     run_for = (definition.get("parameters") or {}).get("run_for_seconds")
     if not run_for:
         raise ValueError(f"deliver/{DELIVER_DEPLOYMENT} needs an interval schedule or run_for_seconds to run in a "
@@ -57,6 +57,13 @@ class RunningShift:
     def offline(self) -> bool:
         """Whether it runs without a flow run."""
         return self.flow_run_id is None
+
+    def goes_on_quietly(self, quiet_run_seconds: float, now: float) -> bool:
+        """Whether this shift, due to hand over, goes on instead: a run that has claimed nothing since it started,
+        for less than ``quiet_run_seconds`` (``now`` is a Unix time). A quiet service thus adds one run per that
+        period to the Prefect UI, not one per interval; an offline shift hands over as soon as a run can start."""
+        return (not self.offline and self.shift.batches_claimed == 0
+                and now - self.started_at < quiet_run_seconds)
 
 
 def start_flow_run_shift(sender: Sender, destinations: DestinationCache, flow_run: Any) -> RunningShift:
@@ -95,3 +102,27 @@ def start_offline_shift(sender: Sender, destinations: DestinationCache, options:
             return None
 
     return RunningShift(shift, asyncio.ensure_future(execute()), None, time.time())
+
+
+async def end_shifts(shifts: list[RunningShift], api: PrefectApi, grace: float) -> None:
+    """Stop every shift claiming and wait up to ``grace`` seconds for them to finish their batches and complete.
+
+    While the Prefect API is down a run whose flow has returned only waits to report its end: it is not waited
+    for (the run records keep it for the API's return).
+    """
+    for running in shifts:
+        running.shift.handed_over.set()
+    deadline = time.monotonic() + grace
+    pending = {running.task: running for running in shifts}
+    while pending and time.monotonic() < deadline:
+        done, _ = await asyncio.wait(pending, timeout=0.2)
+        for task in done:
+            del pending[task]
+        for task, running in list(pending.items()):
+            if not api.reachable and running.shift.unrecorded is not None:
+                task.cancel()
+                del pending[task]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=5)

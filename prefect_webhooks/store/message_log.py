@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, literal, select, text, union_all
+from sqlalchemy import delete, literal, or_, select, text, union_all
 from sqlalchemy.engine import Connection
 
-from prefect_webhooks.messages.outcomes import Attempt
+from prefect_webhooks.messages.outcomes import FAILED, Attempt
 from prefect_webhooks.store.bulk_insert import insert_rows
 from prefect_webhooks.store.log_partitions import (
     KIND_OF_STATE,
@@ -137,6 +137,7 @@ def move_to_log(
     new_attempts: Sequence[Attempt] = (),
     *,
     only_pending: bool = True,
+    owner: str | None = None,
 ) -> dict[tuple[str, str], int]:
     """Move ``leaving`` from the queue to the log in the caller's transaction, with their attempts.
 
@@ -145,6 +146,9 @@ def move_to_log(
         leaving: The messages and their outcomes.
         new_attempts: Attempts of this batch not yet written; those of other rows are ignored.
         only_pending: Move only rows still pending (a row a deletion purged meanwhile has already left).
+        owner: The delivering worker's lease owner. A message it failed moves only while that worker still holds
+            its lease: one another worker took over after this one's lease ran out may yet be delivered there. (A
+            delivered message moves whoever holds it: the receiver has it.)
 
     Returns:
         ``{(destination, state): moved}``: only rows that were still queued count.
@@ -156,10 +160,13 @@ def move_to_log(
     removal = delete(OUTBOX).where(OUTBOX.c.id.in_(ids))
     if only_pending:
         removal = removal.where(OUTBOX.c.state == "pending")
+    fenced = [row.id for row in leaving if row.state == FAILED]
+    if owner is not None and fenced:
+        removal = removal.where(or_(OUTBOX.c.id.not_in(fenced), OUTBOX.c.lease_owner == owner))
     queued = connection.execute(removal.returning(*_QUEUED_COLUMNS)).all()
     moved_ids = {row[0] for row in queued}
-    keep_late_attempts(connection, [attempt for attempt in new_attempts
-                                    if attempt.outbox_id in by_id and attempt.outbox_id not in moved_ids])
+    place_late_attempts(connection, [attempt for attempt in new_attempts
+                                     if attempt.outbox_id in by_id and attempt.outbox_id not in moved_ids])
     if not queued:
         return {}
     partitions = partitions_for(connection, {(KIND_OF_STATE[row.state], row.finished_at) for row in leaving})
@@ -196,6 +203,17 @@ def move_to_log(
     for name, rows in rows_by_partition.items():
         insert_rows(connection, partition_table(name), rows)
     return counts
+
+
+def place_late_attempts(connection: Connection, attempts: Sequence[Attempt]) -> None:
+    """Record ``attempts`` of messages another worker took over after this one's lease ran out, in the caller's
+    transaction: beside the message while it is still queued, else in its kept record (``keep_late_attempts``)."""
+    if not attempts:
+        return
+    ids = sorted({attempt.outbox_id for attempt in attempts})
+    queued = set(connection.execute(select(OUTBOX.c.id).where(OUTBOX.c.id.in_(ids))).scalars())
+    insert_rows(connection, ATTEMPTS, attempt_rows(attempt for attempt in attempts if attempt.outbox_id in queued))
+    keep_late_attempts(connection, [attempt for attempt in attempts if attempt.outbox_id not in queued])
 
 
 def keep_late_attempts(connection: Connection, attempts: Sequence[Attempt]) -> int:

@@ -21,7 +21,7 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.endpoint_counters import add_requests
 from prefect_webhooks.store.engines import get_engine, insert_rows
-from prefect_webhooks.store.message_log import Leaving, attempt_rows, keep_late_attempts, move_to_log
+from prefect_webhooks.store.message_log import Leaving, attempt_rows, move_to_log, place_late_attempts
 from prefect_webhooks.store.ordering import claimable_in_order
 from prefect_webhooks.store.replay import replay_failed as replay_failed  # its home before the replay module
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
@@ -310,7 +310,7 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
     leaving_ids = {row.id for row in leaving}
     staying = [attempt for attempt in records.attempts if attempt.outbox_id not in leaving_ids]
     with engine.begin() as connection:
-        counts = move_to_log(connection, leaving, records.attempts)
+        counts = move_to_log(connection, leaving, records.attempts, owner=records.owner)
         if records.rescheduled:
             updated = connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
@@ -321,10 +321,8 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
             if staying and not all_updated:
                 # Another worker took some row over after this one's lease ran out: it stays as that worker has it,
                 # and the attempts made here join its history (beside it in the queue, or in its kept record).
-                ids = sorted({attempt.outbox_id for attempt in staying})
-                queued = set(connection.execute(select(OUTBOX.c.id).where(OUTBOX.c.id.in_(ids))).scalars())
-                keep_late_attempts(connection, [a for a in staying if a.outbox_id not in queued])
-                staying = [attempt for attempt in staying if attempt.outbox_id in queued]
+                place_late_attempts(connection, staying)
+                staying = []
         insert_rows(connection, ATTEMPTS, attempt_rows(staying))
         add_outcomes(connection, counts, [(row.destination, FAILED, row.reason, row.id) for row in records.failed]
                      + [(row.destination, FILTERED, row.reason, row.id) for row in records.filtered])

@@ -185,6 +185,8 @@ class DeletionRequest(SQLModel, table=True):
     """A request to delete a user's data, and its outcome."""
 
     __tablename__ = "deletion_requests"
+    # Whether a request waits is one probe, however many requests were carried out before.
+    __table_args__ = (Index("ix_deletion_requests_state", "state"),)
 
     id: int | None = Field(default=None, primary_key=True)
     user_id: str = Field(max_length=1024)

@@ -3,6 +3,7 @@
 ``create_all`` adds missing tables; what it cannot do is here, each step idempotent and safe for several processes
 starting at once:
 
+- the index ``ix_deletion_requests_state`` is added (``serve`` asks every minute whether a request waits);
 - the index ``ix_outbox_destination_state`` is dropped: monitoring reads counters and pending rows now, and the
   index cost every message of history about 32 bytes;
 - ``outcome_counters`` is seeded from the outbox once, so the totals of a store that kept its history go on from
@@ -22,11 +23,19 @@ from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
 from prefect_webhooks.store.message_log import Leaving, move_to_log
-from prefect_webhooks.store.tables import OutboxMessage, OutcomeCounter, StoreUpgrade, dialect_insert, store_now
+from prefect_webhooks.store.tables import (
+    DeletionRequest,
+    OutboxMessage,
+    OutcomeCounter,
+    StoreUpgrade,
+    dialect_insert,
+    store_now,
+)
 
 OUTBOX = OutboxMessage.__table__
 COUNTERS = OutcomeCounter.__table__
 UPGRADES = StoreUpgrade.__table__
+REQUESTS = DeletionRequest.__table__
 DROPPED_INDEXES = ("ix_outbox_destination_state",)
 COUNTERS_SEEDED = "outcome_counters_seeded"
 
@@ -41,6 +50,11 @@ def upgrade_store(connection: Connection) -> list[str]:
         if name in existing:
             connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
             done.append(f"dropped index {name}")
+    requests_indexes = {index["name"] for index in inspect(connection).get_indexes(REQUESTS.name)}
+    for index in REQUESTS.indexes:
+        if index.name not in requests_indexes:
+            index.create(connection, checkfirst=True)
+            done.append(f"added index {index.name}")
     if connection.execute(select(UPGRADES.c.name).where(UPGRADES.c.name == COUNTERS_SEEDED)).first() is None:
         # Whoever inserts the marker seeds, in the same transaction; a concurrent starter finds the marker taken.
         marked = connection.execute(

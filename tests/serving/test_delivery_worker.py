@@ -1,4 +1,5 @@
-"""Delivery never pauses: across run changeovers, right after ``serve`` starts, and when a receiver recovers.
+"""Delivery never pauses: across run changeovers, right after ``serve`` starts, and when a receiver recovers; a quiet
+run goes on.
 
 Each test runs the real service (``prefect-webhooks serve``: ingest API, delivery worker, runner) against
 the session's Prefect test server, with a real receiver and a real SQLite store.
@@ -70,15 +71,22 @@ def deliver_runs(since: datetime) -> list[Any]:
                                      sort=FlowRunSort.START_TIME_ASC, limit=200)
 
 
+def deliver_deployment() -> Any:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_deployment_by_name(f"deliver/{DELIVER_DEPLOYMENT}")
+
+
 def outbox_states() -> dict[str, int]:
     return dict(Counter(message.state for message in every_message()))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_delivery_does_not_pause_at_run_changeovers(prefect_harness: None, store_url: str, tmp_path: Path) -> None:
-    # A deliver run every 3 s (the worker takes over one poll later where no scheduled run came): ~5 changeovers
-    # while calls arrive at a steady 40 per second.
+def test_delivery_does_not_pause_at_run_changeovers_and_a_quiet_run_goes_on(prefect_harness: None, store_url: str,
+                                                                            tmp_path: Path) -> None:
+    # A deliver run every 3 s while calls arrive at a steady 40 per second: ~5 changeovers; then quiet.
     deployments = write_definitions(tmp_path / "prefect.yaml", {DELIVER_DEPLOYMENT: {"schedules": [{"interval": 3}]}})
     env = {**service_env(store_url, tmp_path, deployments_file=str(deployments)), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     port = free_port()
@@ -106,6 +114,21 @@ def test_delivery_does_not_pause_at_run_changeovers(prefect_harness: None, store
                         break
             receiver.wait_for(sent, timeout=60)
             runs = deliver_runs(test_started)
+            # Then quiet: the run after the last busy one finds nothing and goes on (before, a run every interval).
+            time.sleep(4)
+            quiet_from = datetime.now(timezone.utc)
+            time.sleep(9)
+            started_while_quiet = len(deliver_runs(quiet_from))
+            # A call ends the quiet run at the next interval: it delivered something.
+            post_calls(port, WRITE_KEYS["changeover"], [{"type": "track", "userId": "u-last", "event": "Steady",
+                                                         "properties": {"sent": time.time()}}])
+            receiver.wait_for(sent + 1, timeout=30)
+            called = datetime.now(timezone.utc)
+            deadline = time.monotonic() + 30
+            while not deliver_runs(called) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            started_after_the_call = len(deliver_runs(called))
+            schedules = deliver_deployment().schedules
     finished = [run for run in runs if run.state.is_completed()]
     # At least four runs handed over while the calls arrived, each starting before its predecessor ended.
     assert len(finished) >= 4, [(run.name, run.state.type) for run in runs]
@@ -116,7 +139,12 @@ def test_delivery_does_not_pause_at_run_changeovers(prefect_harness: None, store
           f"max {waited[-1]:.3f} s")
     # A changeover that paused delivery would hold calls for the seconds a new run takes to start (5-7 s before).
     assert waited[-1] < 1.5, waited[-10:]
-    assert outbox_states() == {DELIVERED: sent}
+    assert outbox_states() == {DELIVERED: sent + 1}
+    # 9 quiet seconds are three intervals: at most the one run that took over from the last busy one started.
+    assert started_while_quiet <= 1, started_while_quiet
+    assert started_after_the_call >= 1
+    # The worker starts the runs: Prefect holds no schedule that would make a run of every quiet interval.
+    assert schedules == []
 
 
 @pytest.mark.slow

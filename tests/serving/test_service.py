@@ -36,8 +36,8 @@ from prefect_webhooks.deployments.serve import (
     write_definitions,
 )
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
-from prefect_webhooks.serving.processes import descendant_pids, process_running, terminate_and_wait
-from prefect_webhooks.serving.service import dead_local_owners, release_dead_local_leases
+from prefect_webhooks.serving.processes import dead_local_owners, descendant_pids, process_running, terminate_and_wait
+from prefect_webhooks.serving.service import release_dead_local_leases
 from prefect_webhooks.settings import ServeSettings, StoreSettings, WebhooksSettings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.metrics import backlog_snapshot

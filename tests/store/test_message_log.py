@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import orjson
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, inspect, select, text
 
 from prefect_webhooks.messages.outcomes import (
     DELIVERED,
@@ -136,6 +136,42 @@ def test_a_stalled_worker_does_not_reschedule_a_message_another_worker_holds_now
         assert tuple(connection.execute(select(OUTBOX.c.lease_owner, OUTBOX.c.reason)).one()) == (None, "HTTP 502")
 
 
+def test_a_stalled_worker_does_not_fail_a_message_another_worker_holds_now(backend_url: str) -> None:
+    """Failing is fenced by the lease too: the worker that took the message over may yet deliver it, so it stays
+    queued under that worker's lease and the stalled worker's attempt is kept beside it. A delivery is not fenced:
+    the receiver has the message, whichever worker sent it."""
+    engine = get_engine(backend_url)
+    enqueue("crm", [track("u1"), track("u2")])
+    first, second = claim_due_deliveries(engine, 10, "stalled", lease_seconds=0.01)
+    with engine.begin() as connection:
+        connection.execute(OUTBOX.update().values(lease_expires_at=store_now() - timedelta(seconds=1)))
+    assert len(claim_due_deliveries(engine, 10, "other", lease_seconds=60)) == 2
+    late = store_now()
+    records = OutcomeRecords(owner="stalled")
+    records.failed.append(Failed(first.id, "HTTP 400", 1, late, "crm"))
+    records.delivered.append(Delivered(second.id, 1, late, late, "crm"))
+    records.attempts += [Attempt(first.id, late, "https://hooks.example.com/in", 400, None, 7.0, "permanent"),
+                         Attempt(second.id, late, "https://hooks.example.com/in", 200, None, 7.0, "delivered")]
+    record_outcomes(engine, records)
+    with engine.connect() as connection:
+        queued = connection.execute(select(OUTBOX.c.id, OUTBOX.c.lease_owner, OUTBOX.c.state)).all()
+        beside = connection.execute(select(ATTEMPTS.c.outbox_id, ATTEMPTS.c.status_code)).all()
+    assert [tuple(row) for row in queued] == [(first.id, "other", PENDING)]
+    assert [tuple(row) for row in beside] == [(first.id, 400)]
+    assert {message.id: message.state for message in every_message(engine)} == {first.id: PENDING,
+                                                                                 second.id: DELIVERED}
+    # The worker that holds it now delivers it: its history has both requests.
+    records = OutcomeRecords(owner="other")
+    records.delivered.append(Delivered(first.id, 2, late, store_now(), "crm"))
+    records.attempts.append(Attempt(first.id, store_now(), "https://hooks.example.com/in", 200, None, 5.0,
+                                    "delivered"))
+    record_outcomes(engine, records)
+    with engine.connect() as connection:
+        (kept,) = find_kept(connection, ids=[first.id])
+    assert kept.state == DELIVERED
+    assert [attempt.status_code for attempt in kept.content.tries] == [400, 200]
+
+
 def test_a_new_id_after_a_restart_with_an_empty_queue_is_still_new(backend_url: str) -> None:
     engine = get_engine(backend_url)
     enqueue("crm", [track("u1"), track("u2")])
@@ -208,6 +244,7 @@ def test_an_older_store_is_upgraded_with_nothing_lost(backend_url: str) -> None:
         for name in [p.name for p in kept_partitions(connection)]:
             connection.exec_driver_sql(f'DROP TABLE "{name}"')
         connection.exec_driver_sql("DELETE FROM message_log_partitions")
+        connection.exec_driver_sql("DROP INDEX ix_deletion_requests_state")  # added since
         if engine.dialect.name == "sqlite":
             # The previous release's queue: a plain INTEGER PRIMARY KEY, no AUTOINCREMENT.
             connection.exec_driver_sql("ALTER TABLE outbox RENAME TO outbox_new")
@@ -225,6 +262,8 @@ def test_an_older_store_is_upgraded_with_nothing_lost(backend_url: str) -> None:
         1: DELIVERED, 2: DELIVERED, 3: DELIVERED, 4: FAILED, 5: PENDING, 6: PENDING}
     with engine.connect() as connection:
         assert connection.execute(select(OUTBOX.c.id).order_by(OUTBOX.c.id)).scalars().all() == [5, 6]
+        assert "ix_deletion_requests_state" in {index["name"] for index in inspect(connection).get_indexes(
+            "deletion_requests")}
         if engine.dialect.name == "sqlite":
             assert "AUTOINCREMENT" in connection.execute(text(
                 "SELECT sql FROM sqlite_master WHERE name = 'outbox'")).scalar_one()

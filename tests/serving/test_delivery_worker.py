@@ -120,10 +120,10 @@ def test_delivery_does_not_pause_at_run_changeovers_and_a_quiet_run_goes_on(pref
             time.sleep(9)
             started_while_quiet = len(deliver_runs(quiet_from))
             # A call ends the quiet run at the next interval: it delivered something.
+            called = datetime.now(timezone.utc)
             post_calls(port, WRITE_KEYS["changeover"], [{"type": "track", "userId": "u-last", "event": "Steady",
                                                          "properties": {"sent": time.time()}}])
             receiver.wait_for(sent + 1, timeout=30)
-            called = datetime.now(timezone.utc)
             deadline = time.monotonic() + 30
             while not deliver_runs(called) and time.monotonic() < deadline:
                 time.sleep(0.5)

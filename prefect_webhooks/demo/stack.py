@@ -107,6 +107,9 @@ def service_env(run_dir: Path, api_url: str, ingest_port: int, base: dict[str, s
         "PREFECT_WEBHOOKS_ENDPOINT": f"http://127.0.0.1:{ingest_port}",
         "PREFECT_WEBHOOKS_AUDIENCES_FILE": str(run_dir / "audiences.yaml"),
         "PREFECT_WEBHOOKS_DEPLOYMENTS_FILE": str(run_dir / "prefect.yaml"),
+        # The demo waits for its deliver runs to end and show their artifacts: a run that found nothing to deliver
+        # hands over after the interval too, instead of going on while the demo is quiet.
+        "PREFECT_WEBHOOKS_QUIET_RUN_SECONDS": "10",
     }
 
 

@@ -240,15 +240,16 @@ def build_deployments(
                if (deliver or entry["name"] != DELIVER_DEPLOYMENT)
                and (prune or entry["entrypoint"] != PRUNE_ENTRYPOINT)]
     if deletions_on_demand:
-        entries = [on_demand_deletions(entry) if entry["name"] == DELETIONS_DEPLOYMENT else entry for entry in entries]
+        entries = [without_schedule(entry, DELETIONS_ON_DEMAND) if entry["name"] == DELETIONS_DEPLOYMENT else entry
+                   for entry in entries]
     entries += [audience_entry(audience) for audience in load_audience_schedules(audiences_path(settings))]
     return [served_deployment(entry) for entry in entries]
 
 
-def on_demand_deletions(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``deletions/interval`` entry as ``serve`` registers it when its runs start on demand: no schedule (a run
-    a minute would mostly find nothing), the description saying who starts the runs."""
-    description = " ".join(part for part in (entry.get("description"), DELETIONS_ON_DEMAND) if part)
+def without_schedule(entry: Mapping[str, Any], who_starts_runs: str) -> dict[str, Any]:
+    """A deployment entry as ``serve`` registers it when something of its own starts the runs (a run each interval
+    would mostly find nothing): no schedule, and the description saying who starts them."""
+    description = " ".join(part for part in (entry.get("description"), who_starts_runs) if part)
     return {**entry, "schedules": [], "description": description}
 
 

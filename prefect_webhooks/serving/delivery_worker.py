@@ -76,6 +76,7 @@ from prefect_webhooks.deployments.serve import (
     deliver_definition,
     schedule_interval,
     served_deployment,
+    without_schedule,
 )
 from prefect_webhooks.flows.catch_up import run_newest_only
 from prefect_webhooks.serving.deletion_runs import start_deletion_runs
@@ -112,8 +113,7 @@ PACED_BY_THE_WORKER = ("Served by prefect-webhooks serve's delivery worker, whic
 def register_deliver_deployment(definition: dict[str, Any]) -> UUID:
     """Create or update ``deliver/continuous`` from its definition, without its schedule (the worker starts the runs:
     a scheduled run each interval would make a run of every quiet minute); returns the deployment's id."""
-    description = " ".join(part for part in (definition.get("description"), PACED_BY_THE_WORKER) if part)
-    return served_deployment({**definition, "schedules": [], "description": description}).apply()
+    return served_deployment(without_schedule(definition, PACED_BY_THE_WORKER)).apply()
 
 
 class DeliveryWorker:

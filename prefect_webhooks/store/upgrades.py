@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from sqlalchemy import func, inspect, select
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.schema import CreateIndex
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
 from prefect_webhooks.store.message_log import Leaving, move_to_log
@@ -53,7 +54,8 @@ def upgrade_store(connection: Connection) -> list[str]:
     requests_indexes = {index["name"] for index in inspect(connection).get_indexes(REQUESTS.name)}
     for index in REQUESTS.indexes:
         if index.name not in requests_indexes:
-            index.create(connection, checkfirst=True)
+            # IF NOT EXISTS: several processes may start at once.
+            connection.execute(CreateIndex(index, if_not_exists=True))
             done.append(f"added index {index.name}")
     if connection.execute(select(UPGRADES.c.name).where(UPGRADES.c.name == COUNTERS_SEEDED)).first() is None:
         # Whoever inserts the marker seeds, in the same transaction; a concurrent starter finds the marker taken.

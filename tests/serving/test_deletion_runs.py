@@ -11,18 +11,20 @@ from prefect_webhooks.deployments.serve import (
     DELETIONS_DEPLOYMENT,
     DELETIONS_ON_DEMAND,
     build_deployments,
-    definition_named,
-    on_demand_deletions,
-    served_deployment,
 )
 from prefect_webhooks.serving.deletion_runs import start_deletion_run_if_requested
+
+
+def served_deletions(**options: bool) -> Any:
+    """``deletions/interval`` as serve's runner builds it."""
+    return next(d for d in build_deployments(**options) if d.name == DELETIONS_DEPLOYMENT)
 
 
 def test_a_run_starts_only_while_a_request_waits_and_none_is_unfinished(prefect_harness: None,
                                                                          store_url: str) -> None:
     from prefect.client.orchestration import get_client
 
-    deployment_id = served_deployment(on_demand_deletions(definition_named(DELETIONS_DEPLOYMENT))).apply()
+    deployment_id = served_deletions(deletions_on_demand=True).apply()
 
     async def check() -> Any:
         async with get_client() as client:
@@ -58,8 +60,5 @@ def test_a_run_starts_only_while_a_request_waits_and_none_is_unfinished(prefect_
 
 def test_serve_serves_deletions_without_their_schedule_only_when_its_workers_start_the_runs(
         store_url: str) -> None:
-    def deletions(**options: bool) -> Any:
-        return next(d for d in build_deployments(**options) if d.name == DELETIONS_DEPLOYMENT)
-
-    assert deletions(deletions_on_demand=True).schedules in (None, [])
-    assert deletions().schedules[0].schedule.interval.total_seconds() == 60
+    assert served_deletions(deletions_on_demand=True).schedules in (None, [])
+    assert served_deletions().schedules[0].schedule.interval.total_seconds() == 60

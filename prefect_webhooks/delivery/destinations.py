@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -106,6 +106,9 @@ class DestinationCache:
         """What this process last read from or wrote to the local copy, by name (it rewrites only changes)."""
         self._generations: dict[str, int | None] = {}
         """The store's count of changes of each block, as last seen (``follow``)."""
+        self._held_out: dict[str, tuple[frozenset[str], float]] = {}
+        """Endpoints this process is disabling, by destination: their keys, and when the block was saved so (``inf``
+        while the save is under way). Only a load started after that save replaces them with the block's word."""
 
     async def get(self, name: str) -> ResolvedDestination:
         """The destination named ``name``: fresh from the cache, else loaded (bounded), else the last one known.
@@ -144,6 +147,7 @@ class DestinationCache:
         return loading
 
     async def _load(self, name: str) -> ResolvedDestination:
+        started = time.monotonic()
         try:
             block = await load_block(WebhookDestination, name)
         except Exception as exc:
@@ -154,7 +158,10 @@ class DestinationCache:
             if isinstance(exc, InvalidBlockError):
                 raise InvalidDestination(f"destination block {name!r} is invalid: {'; '.join(exc.problems)}") from None
             raise
-        resolved = resolve(name, block)
+        held = self._held_out.get(name)
+        if held is not None and started > held[1]:
+            del self._held_out[name]
+        resolved = self._without_held_out(resolve(name, block))
         self._entries[name] = (time.monotonic(), resolved)
         self._copy(name, block.model_dump(mode="json", context={"include_secrets": True}))
         return resolved
@@ -178,7 +185,7 @@ class DestinationCache:
                            "; ".join(describe_problems(exc, WebhookDestination.secret_field_names())))
             return None
         self._copied[name] = data
-        resolved = resolve(name, block)
+        resolved = self._without_held_out(resolve(name, block))
         # Stale at once: it is replaced as soon as the Prefect API answers.
         self._entries[name] = (float("-inf"), resolved)
         logger.warning("destination block %r taken from the local copy: the Prefect API cannot be reached", name)
@@ -211,6 +218,31 @@ class DestinationCache:
         if name in self._generations and self._generations[name] != generation:
             self._entries.pop(name, None)
         self._generations[name] = generation
+
+    def hold_out(self, name: str, key: str) -> None:
+        """Send no more to the endpoint with ``key`` from now on, while its disable is being saved: the save takes a
+        Prefect API call, and meanwhile retries due in a fraction of a second would be claimed and sent again."""
+        keys, _ = self._held_out.get(name, (frozenset(), 0.0))
+        self._held_out[name] = (keys | {key}, float("inf"))
+        entry = self._entries.get(name)
+        if entry is not None:
+            self._entries[name] = (entry[0], self._without_held_out(entry[1]))
+
+    def held_out_saved(self, name: str, *, saved: bool) -> None:
+        """The disable of ``name``'s held-out endpoints was saved (the next load started from now on says what the
+        block says), or its save failed (``saved=False``: they get requests again at once)."""
+        if not saved:
+            self._held_out.pop(name, None)
+        elif name in self._held_out:
+            self._held_out[name] = (self._held_out[name][0], time.monotonic())
+        self.forget(name)
+
+    def _without_held_out(self, resolved: ResolvedDestination) -> ResolvedDestination:
+        held = self._held_out.get(resolved.name)
+        if held is None or not any(endpoint.key in held[0] for endpoint in resolved.endpoints):
+            return resolved
+        return replace(resolved, endpoints=tuple(e for e in resolved.endpoints if e.key not in held[0]),
+                       disabled=(*resolved.disabled, *(e for e in resolved.endpoints if e.key in held[0])))
 
     def forget(self, name: str) -> None:
         """Drop ``name`` from the cache: the next batch loads the block again (after this process saved it)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 
 from prefect_webhooks.blocks.enabling import adisable_endpoint
 from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR
@@ -135,17 +135,22 @@ async def _act_on(transition: Transition, destination: ResolvedDestination, cont
     position: int | None = endpoint.position
     if transition.kind == DISABLED:
         reason = f"failing since {transition.failing_since:%Y-%m-%d %H:%M:%S} UTC: {transition.last_error}"
+        # Disabled from now: its messages fail with ``disabled:`` while the block is saved, and ``enable --replay``
+        # puts back what failed from this moment on.
+        disabled_at = datetime.now(timezone.utc)
+        context.destinations.hold_out(destination.name, endpoint.key)
         try:
-            position = await adisable_endpoint(destination.name, endpoint.url, reason,
+            position = await adisable_endpoint(destination.name, endpoint.url, reason, at=disabled_at,
                                                failing_since=transition.failing_since)
         except Exception as exc:
             # The failure run goes on as if nothing happened: the next failure tries again.
+            context.destinations.held_out_saved(destination.name, saved=False)
             await store_call(context.settings, undo_disable, context.engine, destination.name, transition.key,
                              transition.failing_since)
             logger.error("disabling endpoint %d of %s failed: %s", endpoint.position, destination.name,
                          type(exc).__name__)
             return
-        context.destinations.forget(destination.name)
+        context.destinations.held_out_saved(destination.name, saved=True)
         try:
             await store_call(context.settings, note_destination_changed, context.engine, destination.name)
         except Exception as exc:

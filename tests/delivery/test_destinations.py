@@ -95,3 +95,24 @@ async def test_a_deleted_block_fails_its_messages_and_leaves_the_copy(prefect_ha
     with pytest.raises(DestinationNotFound):
         await cache.get("outage-deleted")
     assert "outage-deleted" not in LocalCopy("destinations").read()
+
+
+async def test_an_endpoint_being_disabled_gets_no_requests_until_a_later_load_says_otherwise(
+    prefect_harness: None, home: Path
+) -> None:
+    await asyncio.to_thread(save_destination, "held-out", ["https://one.example/hook", "https://two.example/hook"])
+    cache = DestinationCache(ttl=0)  # every get loads the block again
+    first, second = (await cache.get("held-out")).endpoints
+    cache.hold_out("held-out", first.key)
+    # While the disable is being saved, every load (the block still lists the endpoint) leaves it out.
+    for _ in range(3):
+        loaded = await cache.get("held-out")
+        assert loaded.endpoints == (second,) and loaded.disabled == (first,)
+    # The save ended: a load started after it says what the block says (here it was enabled again meanwhile).
+    cache.held_out_saved("held-out", saved=True)
+    assert (await cache.get("held-out")).endpoints == (first, second)
+    # A save that failed gives the endpoint back at once.
+    cache.hold_out("held-out", second.key)
+    assert (await cache.get("held-out")).endpoints == (first,)
+    cache.held_out_saved("held-out", saved=False)
+    assert (await cache.get("held-out")).endpoints == (first, second)

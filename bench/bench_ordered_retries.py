@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -102,7 +103,10 @@ async def drain(folder: Path, name: str, ordered: bool, users: int, per_user: in
         while len(receiver.delivered) < total and not running.done():
             await asyncio.sleep(0.05)
         drained = max(receiver.delivered.values()) - started if len(receiver.delivered) == total else None
-        await running
+        # Drained: the rest of the run's ``limit`` would measure nothing.
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
         return drained, len(receiver.delivered), receiver.out_of_order
 
 

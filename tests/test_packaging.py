@@ -32,7 +32,7 @@ from tests.servers import free_port
 from tests.test_code_shape import PACKAGE_FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine, pytest.mark.timeout(900)]
 
 
 def oldest_prefect() -> str:

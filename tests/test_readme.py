@@ -254,7 +254,8 @@ def run_bash(example: Example) -> None:
 # Bash examples start the Prefect CLI or this package's command (seconds each): they run in the whole suite, not in
 # the fast one CI repeats on other Pythons and Prefects.
 @pytest.mark.parametrize("example", [
-    pytest.param(example, marks=pytest.mark.slow) if example.language == "bash" else example for example in RUN_HERE
+    pytest.param(example, marks=[pytest.mark.slow, pytest.mark.shares_machine]) if example.language == "bash"
+    else example for example in RUN_HERE
 ], ids=lambda example: example.name)
 def test_example_runs_as_written(readme_environment: Path, example: Example) -> None:
     # An example may use blocks earlier python examples saved: those ``-m slow`` left out run first. (Python
@@ -295,6 +296,7 @@ def walkthrough_environment(home: Path, ports: dict[str, int]) -> dict[str, str]
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 def test_the_walkthrough_from_an_empty_prefect_to_a_verified_delivery(tmp_path: Path) -> None:
     steps = walkthrough()
     assert [(step.language, step.shell or step.file) for step in steps] == [

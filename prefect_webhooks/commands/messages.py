@@ -23,10 +23,6 @@ messages_app = typer.Typer(help="Look messages up, queued or kept, with every at
 STATES = ("pending", "delivered", "filtered", "failed")
 
 
-def _at(message: StoredMessage) -> str:
-    return message.at.isoformat(sep=" ", timespec="milliseconds")
-
-
 def _store_connection(command: str) -> Any:
     from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
 
@@ -53,7 +49,7 @@ def messages_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (with bodies and attempts).")] = False,
 ) -> None:
     """List messages, newest first: a queued one by when it was stored, the others by when they got there."""
-    from prefect_webhooks.store.lookups import MessageQuery, message_document
+    from prefect_webhooks.store.lookups import MessageQuery, message_document, time_text
     from prefect_webhooks.store.message_search import SCAN_LIMIT, Refinement, search_messages
     from prefect_webhooks.utilities.tables import table_text
 
@@ -72,8 +68,8 @@ def messages_list(
         print(json.dumps([message_document(message) for message in found], indent=2))
         return
     print(table_text(["id", "state", "destination", "type", "user", "messageId", "at", "attempts", "reason"], [
-        (m.id, m.state, m.destination, m.message_type, m.user_id or "", m.message_id or "", _at(m), m.attempts,
-         m.reason or "") for m in found]))
+        (m.id, m.state, m.destination, m.message_type, m.user_id or "", m.message_id or "", time_text(m.at),
+         m.attempts, m.reason or "") for m in found]))
 
 
 @messages_app.command("show")

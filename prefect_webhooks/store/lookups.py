@@ -169,7 +169,8 @@ def _queued(
                           row.next_attempt_at, row.body, tries.get(row.id, [])) for row in rows]
 
 
-def _time(value: datetime | None) -> str:
+def time_text(value: datetime | None) -> str:
+    """A store time as the message views show it: naive UTC to the millisecond; empty for None."""
     return value.isoformat(sep=" ", timespec="milliseconds") if value else ""
 
 
@@ -180,12 +181,12 @@ def message_document(message: StoredMessage) -> dict[str, Any]:
     return {
         "id": message.id, "state": message.state, "destination": message.destination, "source": message.source,
         "type": message.message_type, "messageId": message.message_id, "userId": message.user_id,
-        "reason": message.reason, "attempts": message.attempts, "created_at": _time(message.created_at),
-        "first_attempt_at": _time(message.first_attempt_at),
-        ("next_attempt_at" if message.state == PENDING else "finished_at"): _time(message.at),
+        "reason": message.reason, "attempts": message.attempts, "created_at": time_text(message.created_at),
+        "first_attempt_at": time_text(message.first_attempt_at),
+        ("next_attempt_at" if message.state == PENDING else "finished_at"): time_text(message.at),
         "body": None if message.body is None else orjson.loads(message.body),
         # display_url again: attempts recorded before attempt records dropped a URL's query and credentials.
-        "tries": [{"attempted_at": _time(attempt.attempted_at), "url": display_url(attempt.url),
+        "tries": [{"attempted_at": time_text(attempt.attempted_at), "url": display_url(attempt.url),
                    "status_code": attempt.status_code, "latency_ms": round(attempt.latency_ms, 1),
                    "error": attempt.error, "outcome": attempt.outcome, "response": attempt.response}
                   for attempt in message.tries],

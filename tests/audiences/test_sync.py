@@ -422,6 +422,7 @@ sync_audience(definition, {"web": ["crm"]}, engine=get_engine(store), progress=p
 """
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 def test_a_killed_sync_leaves_nothing_and_the_rerun_sends_each_member_once(
     store_url: str, warehouse: Warehouse, tmp_path: Path

@@ -50,6 +50,7 @@ def _counts_table(output: str) -> Counter[str]:
     return counts
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quickstart_runs_the_demo_its_runs_show_in_the_ui_and_ctrl_c_cleans_up(tmp_path: Path) -> None:

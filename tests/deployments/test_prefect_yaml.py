@@ -70,6 +70,7 @@ def _deployments_on_server() -> dict[tuple[str, str], dict[str, Any]]:
     return found
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_prefect_deploy_and_serve_make_the_same_deployments(prefect_harness: None, tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ def deploy_command(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[st
                           timeout=300)
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 def test_deploy_creates_the_pool_the_deployments_and_a_first_deliver_run(prefect_harness: None,
                                                                         tmp_path: Path) -> None:
@@ -89,6 +90,7 @@ def test_deploy_refuses_a_pool_of_another_type_in_one_line(prefect_harness: None
     assert f"deploy: work pool {pool!r} is of type 'prefect-agent'" in done.stderr
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_worker_delivers_at_once_after_deploy_and_stops_as_documented(prefect_harness: None, tmp_path: Path) -> None:

@@ -305,6 +305,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 def test_a_killed_delivery_process_loses_nothing(store_url: str, tmp_path: Path) -> None:
     enqueue("crm", [track(n) for n in range(200)])

@@ -315,6 +315,7 @@ def test_schemathesis_requests_never_cause_a_5xx(case: Any, api: Api) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @schema.parametrize()
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 def test_schemathesis_long_run_never_causes_a_5xx(case: Any, api: Api) -> None:

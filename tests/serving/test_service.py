@@ -260,6 +260,7 @@ def _flow_run_state(flow_run_id: UUID) -> str:
         return client.read_flow_run(flow_run_id).state.type.value
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_sigterm_with_deliveries_in_flight_loses_nothing(
@@ -327,6 +328,7 @@ def test_sigterm_with_deliveries_in_flight_loses_nothing(
         assert users == {f"u{i}" for i in range(count)}
 
 
+@pytest.mark.shares_machine
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")

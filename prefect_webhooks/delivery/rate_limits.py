@@ -29,7 +29,7 @@ from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import THROTTLED_REASON, OutcomeRecords, Rescheduled
 from prefect_webhooks.messages.retry import retry_after_seconds
-from prefect_webhooks.store.budget import Limit, Ramp, admit, release_parked
+from prefect_webhooks.store.budget import Admission, Limit, Ramp, admit, release_parked
 from prefect_webhooks.store.endpoint_states import pause, start_ramps, url_key
 from prefect_webhooks.store.outbox import Claimed
 from prefect_webhooks.store.tables import store_now
@@ -127,10 +127,11 @@ async def _admit_destination(
     # Messages coming back from being put off go first, then the others as they came due.
     rows.sort(key=lambda row: (not _was_parked(row), row.next_attempt_at, row.id))
     requests = _requests_of(destination, rows, context.key_prefix or "")
+    asked_at = time.time()
     admission = await store_call(context.settings, admit, context.engine, destination.name, limits,
                                  [any(map(_was_parked, request)) for request in requests], horizon=HORIZON_SECONDS,
                                  ramp=ramp_of(context))
-    loop_now, store_time = asyncio.get_running_loop().time(), store_now()
+    loop_now, store_time = _loop_time_of(admission, asked_at), store_now()
     why = f"{THROTTLED_REASON} waiting for the request budget of {', '.join(limit.url for limit in limits)}"
     sending = []
     for number, (request, admitted, delay) in enumerate(
@@ -162,13 +163,27 @@ async def slots_for(context: DeliveryContext, destination: ResolvedDestination, 
                     count: int) -> list[float]:
     """Event loop times for ``count`` more requests to ``endpoint`` (the halves of a batch it refused with 413):
     the next slots of its budget, or now when it needs none."""
-    now = asyncio.get_running_loop().time()
     limits = [limit for limit in limits_of(destination, context) if limit.key == endpoint.key]
     if not limits:
-        return [now] * count
+        return [asyncio.get_running_loop().time()] * count
+    asked_at = time.time()
     admission = await store_call(context.settings, admit, context.engine, destination.name, limits, [True] * count,
                                  horizon=math.inf, ramp=ramp_of(context))
-    return [now + delay for delay in admission.delays]
+    admitted_at = _loop_time_of(admission, asked_at)
+    return [admitted_at + delay for delay in admission.delays]
+
+
+def _loop_time_of(admission: Admission, asked_at: float) -> float:
+    """The event loop time of the database's now the admission's delays count from.
+
+    The store call returns a while after that now (its commit, a thread's turn on a busy machine). Counting the
+    delays from when it returned would shift each batch's slots later by that while, and a batch that waited longer
+    would then overlap the next one's slots: more requests in a second than the limit. The database's clock may not
+    be this host's (PostgreSQL), so the while is never taken as longer than the call itself.
+    """
+    returned_at = time.time()
+    elapsed = min(max(returned_at - admission.now, 0.0), returned_at - asked_at)
+    return asyncio.get_running_loop().time() - elapsed
 
 
 def _was_parked(row: Claimed) -> bool:

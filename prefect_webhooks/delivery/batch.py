@@ -19,6 +19,7 @@ from prefect_webhooks.delivery.decision import BatchWrites, decide
 from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
 from prefect_webhooks.delivery.events import emit_delivery_failed
 from prefect_webhooks.delivery.filters import split_filtered
+from prefect_webhooks.delivery.ordering import take_in_order
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats, MessageCounts
 from prefect_webhooks.messages.outcomes import Filtered, Rescheduled
@@ -162,13 +163,15 @@ async def process_batch(
     # Rate limits, disabled endpoints and per-user order apply alike to messages sent alone and in batches.
     ready, slots = await before_sending([*ready, *batched], context, writes.records)
     ready, batched = take_batched(ready)
+    ready, in_turn = await take_in_order(ready, slots, context,
+                                         lambda added: _drop_filtered(added, writes, context.stats))
     # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
     # minutes): its leases are renewed while it sends, so no other run claims and sends them again meanwhile.
     keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in (*ready, *batched)]))
     try:
         results_by_row, batched_results = await asyncio.gather(
             context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
-                                    slots.times_of(ready)),
+                                    slots.times_of(ready), in_turn),
             send_batched(context, batched, prefix, writes, slots))
     finally:
         keeper.cancel()
@@ -176,7 +179,11 @@ async def process_batch(
     hold_until = None
     if hold_seconds is not None:
         hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.delivery.lease_seconds)
+    unsent = []
     for (row, destination), results in zip((*ready, *batched), (*results_by_row, *batched_results), strict=True):
+        if not results:  # behind a message of its user that is to be retried (``ordering.take_in_order``)
+            unsent.append(row.id)
+            continue
         # An ordered destination's retry is never held for the task's next try (which waits for the window to
         # close, up to task_run_seconds): it is due at its backoff time and the claim loop sends it then, since the
         # user's later messages wait behind it.
@@ -189,6 +196,8 @@ async def process_batch(
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
                                                       finished + timedelta(seconds=settings.delivery.retry_base_delay)))
     await store_call(settings, record_outcomes, engine, writes.records)
+    if unsent:
+        await store_call(settings, release_leases, engine, unsent, context.owner)
     await after_sending([*ready, *batched], [*results_by_row, *batched_results], context)
     _log_timeouts(results_by_row, log)
     for row, reason, attempts in writes.failures:

@@ -7,9 +7,9 @@ and never past its deadline; otherwise it failed for good. Each decision is adde
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.delivery.sender import RequestResult, display_url, ends_in_a_retry
 from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.messages.outcomes import (
     DELIVERED,
@@ -63,6 +63,13 @@ def _latest_retry_after(results: Sequence[RequestResult], now: datetime) -> date
     return max(times) if times else None
 
 
+def _answered_at(results: Sequence[RequestResult], now: datetime) -> datetime:
+    """When the last of a message's requests ended: its backoff counts from there, not from the end of its batch (a
+    batch that sends an ordered user's messages in turn lasts as long as its longest run)."""
+    ended = [result.attempted_at + timedelta(milliseconds=result.latency_ms) for result in results]
+    return min(max(ended, default=now), now)
+
+
 def decide(
     row: Claimed,
     results: Sequence[RequestResult],
@@ -87,7 +94,7 @@ def decide(
     if any(result.outcome == DELIVERED for result in results):
         records.delivered.append(Delivered(row.id, attempts, first_attempt_at, now, row.destination))
         return
-    if not any(result.outcome == RETRY for result in results):
+    if not ends_in_a_retry(results):
         writes.fail(row, f"permanent: {_reason(results, PERMANENT)}", attempts, first_attempt_at)
         return
     reason = _reason(results, RETRY)
@@ -101,7 +108,7 @@ def decide(
         when, lease_owner, lease_expires_at = max(now, retry_after or now), owner, hold_until
         writes.held.append(row.id)
     else:
-        when = next_attempt_at(now, attempts, first_attempt_at, retry_after, settings)
+        when = next_attempt_at(_answered_at(results, now), attempts, first_attempt_at, retry_after, settings)
         lease_owner, lease_expires_at = None, None
     if when is None:
         writes.fail(row, f"expired: {reason} (after {attempts} attempts)", attempts, first_attempt_at)

@@ -1,20 +1,34 @@
-"""Ordered delivery in a batch: keep the store's list of ordered destinations in step with the blocks, and hold back
-any message claimed before its destination was listed (``store.ordering`` explains the claim rule).
+"""Ordered delivery in a batch: keep the store's list of ordered destinations in step with the blocks, hold back
+any message claimed before its destination was listed (``store.ordering`` explains the claim rule), and send each
+user's next messages behind the one claimed, in turn.
 
 The claim already takes only each user's oldest pending message of a listed destination. A destination whose
 block was just switched to ``ordered`` may have had a user's later messages claimed before the switch reached the
 store: a batch re-checks the messages of ordered destinations in one query and gives back those that have an
 earlier pending message of their user, unsent; the claim skips them until their turn.
+
+One message per user per claim would make a user's backlog of 20 take 20 claims. So the batch also leases the
+user's following messages that are due (``store.followers``) and sends them one after another behind the claimed
+one, each once the one before was delivered or failed for good; the first to be retried ends the run, and the ones
+after it go back to the outbox unsent, behind it. Destinations with rate budget to take (each request has its own
+slot) or that batch messages keep one message per user per claim.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prefect_webhooks.delivery.context import DeliveryContext, store_call
 from prefect_webhooks.delivery.destinations import ResolvedDestination
+from prefect_webhooks.delivery.rate_limits import Slots, limits_of
+from prefect_webhooks.store.followers import claim_followers
 from prefect_webhooks.store.ordering import behind_earlier, set_ordered
 from prefect_webhooks.store.outbox import Claimed, release_leases
 
 Ready = tuple[Claimed, ResolvedDestination]
+# Most messages of one user a batch takes behind the claimed one: a user's backlog goes in a few claims, and one
+# user's run does not hold a sender's worker for long.
+FOLLOWERS_PER_USER = 50
 
 
 async def sync_ordered(ready: list[Ready], context: DeliveryContext) -> None:
@@ -40,3 +54,36 @@ async def hold_back(ready: list[Ready], context: DeliveryContext) -> list[Ready]
         return ready
     await store_call(context.settings, release_leases, context.engine, sorted(behind), context.owner)
     return [(row, destination) for row, destination in ready if row.id not in behind]
+
+
+async def take_in_order(
+    ready: list[Ready], slots: Slots, context: DeliveryContext, keep: Callable[[list[Ready]], list[Ready]]
+) -> tuple[list[Ready], list[list[int]]]:
+    """Add to ``ready`` each ordered user's next messages that can go in this batch, behind the claimed one.
+
+    Args:
+        ready: The batch's messages to send now, unbatched, each its user's oldest pending one where ordered.
+        slots: The rate budget they took (a message with a slot is never a run's head).
+        context: The process's store and shared endpoint state.
+        keep: What of the added messages is sent (a destination filter records the ones it drops).
+
+    Returns:
+        The messages to send, and the runs that go in turn, as indexes into them (head first).
+    """
+    heads = {row.id: destination for row, destination in ready
+             if destination.ordered and destination.batching is None and row.id not in slots.at
+             and not limits_of(destination, context)}
+    if not heads:
+        return ready, []
+    followers = await store_call(context.settings, claim_followers, context.engine, sorted(heads), context.owner,
+                                 per_user=FOLLOWERS_PER_USER, lease_seconds=context.settings.delivery.lease_seconds)
+    if not followers:
+        return ready, []
+    added = keep([(row, heads[head_id]) for head_id, rows in followers.items() for row in rows])
+    index_of = {row.id: index for index, (row, _) in enumerate(ready)}
+    runs: dict[int, list[int]] = {}
+    behind = {row.id: head_id for head_id, rows in followers.items() for row in rows}
+    for offset, (row, _) in enumerate(added, start=len(ready)):
+        head_id = behind[row.id]
+        runs.setdefault(head_id, [index_of[head_id]]).append(offset)
+    return [*ready, *added], list(runs.values())

@@ -26,7 +26,7 @@ from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
 from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.network import BlockedAddressError, delivery_connector
 from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
-from prefect_webhooks.messages.outcomes import PERMANENT, RETRY, Attempt
+from prefect_webhooks.messages.outcomes import DELIVERED, PERMANENT, RETRY, Attempt
 from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.tables import store_now
@@ -71,6 +71,12 @@ class RequestResult:
         console."""
         return Attempt(outbox_id, self.attempted_at, display_url(self.url), self.status,
                        self.error if error is None else error, self.latency_ms, outcome or self.outcome, self.answer)
+
+
+def ends_in_a_retry(results: Sequence[RequestResult]) -> bool:
+    """Whether one message's results mean it is to be retried: no endpoint took it and one may yet (``decision``)."""
+    return not any(result.outcome == DELIVERED for result in results) and any(
+        result.outcome == RETRY for result in results)
 
 
 class Sender:
@@ -211,13 +217,16 @@ class Sender:
         self,
         items: Sequence[tuple[ResolvedDestination, bytes, str]],
         not_before: Sequence[float] | None = None,
+        in_turn: Sequence[Sequence[int]] = (),
     ) -> list[list[RequestResult]]:
         """Send many ``(destination, body, message id)``; results in the same order.
 
         A fixed set of workers pulls from the list instead of one task per message: 500 waiting tasks cost the
         event loop more than the requests themselves. ``not_before`` gives each item the event loop time before
         which it is not sent (its rate-limit slot); the items of one destination with a slot ahead go one after
-        the other, each keeping its planned distance from the previous one.
+        the other, each keeping its planned distance from the previous one. Each group of ``in_turn`` (indexes of
+        items due now: one user's messages of an ordered destination) goes one after another and stops at the first
+        that is to be retried; the items after it are not sent and get no results.
         """
         results: list[list[RequestResult]] = [[] for _ in items]
 
@@ -225,25 +234,32 @@ class Sender:
             destination, body, key = items[index]
             results[index] = await self.send(destination, body, key)
 
-        def pool(indexes: list[int]) -> list[Coroutine[Any, Any, None]]:
-            pending = iter(indexes)
+        async def send_in_turn(indexes: Sequence[int]) -> None:
+            for index in indexes:
+                await send_one(index)
+                if ends_in_a_retry(results[index]):
+                    return
+
+        def pool(units: list[Sequence[int]]) -> list[Coroutine[Any, Any, None]]:
+            pending = iter(units)
 
             async def worker() -> None:
-                for index in pending:
-                    await send_one(index)
+                for unit in pending:
+                    await send_in_turn(unit)
 
-            return [worker() for _ in range(min(self.settings.delivery.delivery_concurrency, len(indexes)))]
+            return [worker() for _ in range(min(self.settings.delivery.delivery_concurrency, len(units)))]
 
-        everything = list(range(len(items)))
+        grouped = {index for group in in_turn for index in group}
+        units: list[Sequence[int]] = [*in_turn, *([index] for index in range(len(items)) if index not in grouped)]
         if not_before is None:
-            workers = pool(everything)
+            workers = pool(units)
         else:
             now = asyncio.get_running_loop().time()
             chains: dict[str, list[int]] = {}
-            for index in everything:
-                if not_before[index] > now:
-                    chains.setdefault(items[index][0].name, []).append(index)
-            workers = [*pool([i for i in everything if not_before[i] <= now]),
+            for unit in units:
+                if not_before[unit[0]] > now:
+                    chains.setdefault(items[unit[0]][0].name, []).append(unit[0])
+            workers = [*pool([unit for unit in units if not_before[unit[0]] <= now]),
                        *(run_paced([(not_before[i], partial(send_one, i)) for i in chain])
                          for chain in chains.values())]
         if workers:

@@ -112,7 +112,8 @@ class Claimed:
     created_at: datetime | None = None
 
 
-_CLAIMED_COLUMNS = (
+# What a claim reads of each row, in the order ``to_claimed`` takes them.
+CLAIMED_COLUMNS = (
     OUTBOX.c.id,
     OUTBOX.c.destination,
     OUTBOX.c.body,
@@ -124,7 +125,8 @@ _CLAIMED_COLUMNS = (
 )
 
 
-def _claimed(row: Any) -> Claimed:
+def to_claimed(row: Any) -> Claimed:
+    """The claim of a row read with ``CLAIMED_COLUMNS``."""
     return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6], row[7])
 
 
@@ -177,25 +179,25 @@ def claim_due_deliveries(
         update(OUTBOX)
         .where(OUTBOX.c.id.in_(due.scalar_subquery()))
         .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease))
-        .returning(*_CLAIMED_COLUMNS)
+        .returning(*CLAIMED_COLUMNS)
     )
     with engine.begin() as connection:
         if in_order and engine.dialect.name == "postgresql":
             # A prepared claim may get a generic plan after a few runs; with the ordered-delivery condition that plan
             # took seconds instead of milliseconds (the due time is only known per run).
             connection.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
-        return [_claimed(row) for row in connection.execute(statement)]
+        return [to_claimed(row) for row in connection.execute(statement)]
 
 
 def leased_rows(engine: Engine, ids: Sequence[int], owner: str) -> list[Claimed]:
     """The rows among ``ids`` that are still pending and leased by ``owner`` (a task retry re-reads these)."""
     if not ids:
         return []
-    statement = select(*_CLAIMED_COLUMNS).where(
+    statement = select(*CLAIMED_COLUMNS).where(
         OUTBOX.c.id.in_(list(ids)), OUTBOX.c.state == PENDING, OUTBOX.c.lease_owner == owner
     )
     with engine.connect() as connection:
-        return [_claimed(row) for row in connection.execute(statement)]
+        return [to_claimed(row) for row in connection.execute(statement)]
 
 
 def _lease_renewal(ids: Sequence[int], owner: str, until: datetime) -> Any:

@@ -1,5 +1,6 @@
-"""Ordered delivery per user at a real receiver: two delivery processes, a third of the requests failing (retried),
-and still every user's messages arrive in the order they were accepted (SQLite and PostgreSQL)."""
+"""Ordered delivery per user at a real receiver: a user's messages go in turn behind the claimed one and stop at a
+retry; two delivery processes, a third of the requests failing (retried), and still every user's messages arrive in
+the order they were accepted (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,75 @@ from collections import Counter, defaultdict
 import orjson
 import pytest
 
-from prefect_webhooks.messages.outcomes import DELIVERED
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.blocks.destination import WebhookDestination
+from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
+from prefect_webhooks.delivery.batch import process_batch
+from prefect_webhooks.delivery.context import ClaimedBatch
+from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
+from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.ordering import set_ordered
+from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
 from tests.faults import start_worker, worker_result
 from tests.receivers import Receiver
-from tests.stored import every_message
+from tests.stored import every_attempt, every_message
 
 USERS, PER_USER = 40, 6
+
+
+def seqs_received(receiver: Receiver) -> dict[str, list[int]]:
+    sent: dict[str, list[int]] = defaultdict(list)
+    for request in receiver.requests:
+        body = orjson.loads(request.body)
+        sent[body["userId"]].append(body["properties"]["seq"])
+    return dict(sent)
+
+
+@pytest.fixture
+def quick_retries(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.2")
+    get_settings.cache_clear()
+    return store_url
+
+
+async def test_a_users_messages_go_in_turn_in_one_batch_and_stop_at_a_retry(quick_retries: str) -> None:
+    answered = set()
+
+    def once_503_for_a3(body: bytes) -> int | None:
+        message = orjson.loads(body)
+        if (message["userId"], message["properties"]["seq"]) == ("a", 3) and "a3" not in answered:
+            answered.add("a3")
+            return 503
+        return None
+
+    with Receiver(answer_for=once_503_for_a3) as receiver:
+        enqueue("ordered", [{"type": "track", "userId": "a", "event": "E", "properties": {"seq": seq}}
+                            for seq in range(10)])
+        enqueue("ordered", [{"type": "track", "userId": "b", "event": "E", "properties": {"seq": 0}}])
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender)
+            context.destinations.remember("ordered", WebhookDestination(
+                endpoints=[{"url": receiver.url}], ordered=True))
+            set_ordered(get_engine(), "ordered", True)
+            # One claim takes each user's oldest message; the batch sends a's next ones behind it, one at a time.
+            claimed = claim_due_deliveries(get_engine(), 100, context.owner)
+            assert len(claimed) == 2
+            result = await process_batch(ClaimedBatch(claimed), context)
+            first_batch = seqs_received(receiver)
+            messages = {message.id: message for message in every_message()}
+            await deliver_due(DeliveryOptions(run_for_seconds=2.0, idle_sleep=0.05), context=context)
+        sent = seqs_received(receiver)
+    # a's run stopped at the 503: 0-3 sent, 4-9 left unsent, unleased, with no attempt, behind the retry.
+    assert first_batch == {"a": [0, 1, 2, 3], "b": [0]}, first_batch
+    assert (result.delivered, result.rescheduled) == (4, 1)
+    waiting = [message for message in messages.values() if message.state == PENDING]
+    assert [message.id for message in waiting] == list(range(4, 11))
+    assert [message.attempts for message in waiting] == [1] + [0] * 6
+    assert all(message.lease_owner is None for message in waiting[1:])
+    # Then the retry, and the rest in turn behind it: each message once, in the order accepted.
+    assert sent == {"a": [0, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9], "b": [0]}, sent
+    assert Counter(message.state for message in every_message()) == {DELIVERED: 11}
+    assert len(every_attempt()) == 12
 
 
 @pytest.mark.slow
@@ -39,10 +102,7 @@ def test_each_users_messages_arrive_in_order_through_retries_and_two_workers(bac
     assert states == {DELIVERED: USERS * PER_USER}
     # Both processes delivered.
     assert all(result["delivered"] > 0 for result in results), results
-    sent: dict[str, list[int]] = defaultdict(list)
-    for request in receiver.requests:
-        body = orjson.loads(request.body)
-        sent[body["userId"]].append(body["properties"]["seq"])
+    sent = seqs_received(receiver)
     retried = sum(len(seqs) - PER_USER for seqs in sent.values())
     print(f"\n{USERS * PER_USER} messages, {retried} retries; per-user arrival order kept")
     assert retried > 50

@@ -59,6 +59,7 @@ INTERNAL_STEPS = {
     "prefect_webhooks.delivery.lifecycle.observe_health": "process_batch, through after_sending",
     "prefect_webhooks.delivery.ordering.sync_ordered": "deliver_due (ordered destinations)",
     "prefect_webhooks.delivery.ordering.hold_back": "process_batch, through before_sending",
+    "prefect_webhooks.delivery.ordering.take_in_order": "process_batch",
     "prefect_webhooks.delivery.rate_limits.admit_ready": "process_batch, through before_sending",
     "prefect_webhooks.delivery.rate_limits.slots_for": "admit_ready and batched sends",
     "prefect_webhooks.delivery.rate_limits.record_pauses": "process_batch, through after_sending (Retry-After)",

@@ -153,7 +153,7 @@ class DeliverySettings(_SettingsGroup):
         default=60.0,
         ge=0,
         description="How long an endpoint ramps back up from `ramp_up_start_rate` after a recovery (from its own "
-        "recent rate: at most 12 s; 0: its backlog at once).",
+        "recent rate: at most 4 s; 0: its backlog at once).",
     )
     block_cache_seconds: float = Field(
         default=10.0, ge=0, description="How long a loaded block is reused before it is read again."

@@ -32,6 +32,10 @@ from prefect_webhooks.store.tables import OutboxMessage, store_now
 OUTBOX = OutboxMessage.__table__
 
 RAMP_DOUBLINGS = 6
+# A ramp from the endpoint's own recent rate: from ``ramp_up_share`` of it (half) to twice it in two doublings, then
+# no ramp at all. Beyond twice what the endpoint took, the ramp only slowed the backlog's drain: every request kept
+# taking a budget slot for six doublings (12 s) while the delivery process could not send faster anyway.
+MEASURED_DOUBLINGS = 2
 MEASURED_DOUBLING_SECONDS = 2.0
 
 
@@ -57,16 +61,17 @@ class Ramp:
         kept with its state; ``self.start_rate`` without one), infinite once it is over.
 
         A ramp from the endpoint's own recent rate (above the setting's) is already near what the endpoint takes:
-        it doubles every ``MEASURED_DOUBLING_SECONDS`` at most, so the endpoint has all of its rate back within
-        seconds; one from the setting's absolute rate probes upwards over the whole ``seconds``.
+        it doubles every ``MEASURED_DOUBLING_SECONDS``, ``MEASURED_DOUBLINGS`` times, so the endpoint has all of its
+        rate back within seconds; one from the setting's absolute rate probes upwards over the whole ``seconds``.
         """
-        seconds = self.seconds
+        seconds, doublings = self.seconds, RAMP_DOUBLINGS
         if start_rate is not None and start_rate > self.start_rate:
-            seconds = min(seconds, RAMP_DOUBLINGS * MEASURED_DOUBLING_SECONDS)
+            doublings = MEASURED_DOUBLINGS
+            seconds = min(seconds, MEASURED_DOUBLINGS * MEASURED_DOUBLING_SECONDS)
         if seconds <= 0 or not started_at or at >= started_at + seconds:
             return math.inf
         elapsed = max(at - started_at, 0.0)
-        return (start_rate or self.start_rate) * 2 ** (RAMP_DOUBLINGS * elapsed / seconds)
+        return (start_rate or self.start_rate) * 2 ** (doublings * elapsed / seconds)
 
 
 @dataclass(slots=True)

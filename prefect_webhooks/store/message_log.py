@@ -138,6 +138,7 @@ def move_to_log(
     *,
     only_pending: bool = True,
     owner: str | None = None,
+    moved: set[int] | None = None,
 ) -> dict[tuple[str, str], int]:
     """Move ``leaving`` from the queue to the log in the caller's transaction, with their attempts.
 
@@ -149,6 +150,7 @@ def move_to_log(
         owner: The delivering worker's lease owner. A message it failed moves only while that worker still holds
             its lease: one another worker took over after this one's lease ran out may yet be delivered there. (A
             delivered message moves whoever holds it: the receiver has it.)
+        moved: When given, the ids of the rows that moved are added to it.
 
     Returns:
         ``{(destination, state): moved}``: only rows that were still queued count.
@@ -165,6 +167,8 @@ def move_to_log(
         removal = removal.where(or_(OUTBOX.c.id.not_in(fenced), OUTBOX.c.lease_owner == owner))
     queued = connection.execute(removal.returning(*_QUEUED_COLUMNS)).all()
     moved_ids = {row[0] for row in queued}
+    if moved is not None:
+        moved |= moved_ids
     place_late_attempts(connection, [attempt for attempt in new_attempts
                                      if attempt.outbox_id in by_id and attempt.outbox_id not in moved_ids])
     if not queued:

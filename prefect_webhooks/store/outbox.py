@@ -311,8 +311,9 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
     leaving += [Leaving(row.id, FILTERED, row.reason, None, None, finished_at) for row in records.filtered]
     leaving_ids = {row.id for row in leaving}
     staying = [attempt for attempt in records.attempts if attempt.outbox_id not in leaving_ids]
+    moved: set[int] = set()
     with engine.begin() as connection:
-        counts = move_to_log(connection, leaving, records.attempts, owner=records.owner)
+        counts = move_to_log(connection, leaving, records.attempts, owner=records.owner, moved=moved)
         if records.rescheduled:
             updated = connection.execute(_RESCHEDULE, [
                 {"b_id": row.id, "b_attempts": row.attempts, "b_first_attempt_at": row.first_attempt_at,
@@ -326,6 +327,8 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
                 place_late_attempts(connection, staying)
                 staying = []
         insert_rows(connection, ATTEMPTS, attempt_rows(staying))
-        add_outcomes(connection, counts, [(row.destination, FAILED, row.reason, row.id) for row in records.failed]
-                     + [(row.destination, FILTERED, row.reason, row.id) for row in records.filtered])
+        # Reasons of the rows that moved only, as the counts: a failure the lease fence kept queued is not one.
+        add_outcomes(connection, counts, [(row.destination, FAILED, row.reason, row.id) for row in records.failed
+                                          if row.id in moved]
+                     + [(row.destination, FILTERED, row.reason, row.id) for row in records.filtered if row.id in moved])
         add_requests(connection, records.requests)

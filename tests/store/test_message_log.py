@@ -21,10 +21,12 @@ from prefect_webhooks.messages.outcomes import (
     Rescheduled,
 )
 from prefect_webhooks.messages.payloads import serialize
+from prefect_webhooks.store.counters import outcome_totals
 from prefect_webhooks.store.engines import dispose_engines, get_engine
 from prefect_webhooks.store.log_partitions import kept_partitions, partition_period
 from prefect_webhooks.store.log_records import PackedRecord, RecordContent, pack_record
 from prefect_webhooks.store.message_log import find_kept
+from prefect_webhooks.store.minute_counts import top_reasons
 from prefect_webhooks.store.outbox import (
     ATTEMPTS,
     OUTBOX,
@@ -160,6 +162,10 @@ def test_a_stalled_worker_does_not_fail_a_message_another_worker_holds_now(backe
     assert [tuple(row) for row in beside] == [(first.id, 400)]
     assert {message.id: message.state for message in every_message(engine)} == {first.id: PENDING,
                                                                                  second.id: DELIVERED}
+    # Nor does the failure the fence kept queued count: not in the totals, not among the minute's failure reasons.
+    with engine.connect() as connection:
+        assert outcome_totals(connection) == {"crm": {DELIVERED: 1}}
+        assert top_reasons(connection, "crm", store_now()) == []
     # The worker that holds it now delivers it: its history has both requests.
     records = OutcomeRecords(owner="other")
     records.delivered.append(Delivered(first.id, 2, late, store_now(), "crm"))

@@ -164,8 +164,12 @@ async def test_hanging_endpoint_does_not_slow_a_healthy_destination(isolated: st
 
 
 @pytest.mark.slow
-async def test_without_the_breaker_the_same_hang_costs_timeouts(isolated: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The comparison figure: circuit effectively disabled and no per-endpoint limit."""
+async def test_without_the_breaker_the_same_hang_costs_timeouts(
+    prefect_harness: None, isolated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparison figure: circuit effectively disabled and no per-endpoint limit. The failing endpoint's events
+    go to the test server: without a Prefect API, Prefect would start a temporary server of its own to take them,
+    which outlives the test (the slow tests' first, run alone, with no test server started yet)."""
     monkeypatch.setenv("PREFECT_WEBHOOKS_CIRCUIT_FAILURE_THRESHOLD", "100000")
     monkeypatch.setenv("PREFECT_WEBHOOKS_ENDPOINT_CONCURRENCY", "16")
     get_settings.cache_clear()

@@ -70,9 +70,12 @@ async def take_in_order(
     Returns:
         The messages to send, and the runs that go in turn, as indexes into them (head first).
     """
+    # limits_of reads the shared state of each endpoint: once per destination, not per message.
+    candidates = {destination.name: destination for _, destination in ready
+                  if destination.ordered and destination.batching is None}
+    in_turn = {name for name, destination in candidates.items() if not limits_of(destination, context)}
     heads = {row.id: destination for row, destination in ready
-             if destination.ordered and destination.batching is None and row.id not in slots.at
-             and not limits_of(destination, context)}
+             if destination.name in in_turn and row.id not in slots.at}
     if not heads:
         return ready, []
     followers = await store_call(context.settings, claim_followers, context.engine, sorted(heads), context.owner,
@@ -80,7 +83,7 @@ async def take_in_order(
     if not followers:
         return ready, []
     added = keep([(row, heads[head_id]) for head_id, rows in followers.items() for row in rows])
-    index_of = {row.id: index for index, (row, _) in enumerate(ready)}
+    index_of = {row.id: index for index, (row, _) in enumerate(ready) if row.id in heads}
     runs: dict[int, list[int]] = {}
     behind = {row.id: head_id for head_id, rows in followers.items() for row in rows}
     for offset, (row, _) in enumerate(added, start=len(ready)):

@@ -22,12 +22,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import or_, update
+from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.messages.outcomes import PENDING, THROTTLED_REASON
 from prefect_webhooks.store.endpoint_states import database_clock, lock_rows, write_row
-from prefect_webhooks.store.tables import OutboxMessage, store_now
+from prefect_webhooks.store.tables import OutboxMessage, free_of_lease, store_now
 
 OUTBOX = OutboxMessage.__table__
 
@@ -179,7 +179,7 @@ def release_parked(engine: Engine, destination: str) -> int:
         update(OUTBOX)
         .where(OUTBOX.c.destination == destination, OUTBOX.c.state == PENDING, OUTBOX.c.next_attempt_at > now,
                OUTBOX.c.reason.startswith(THROTTLED_REASON),
-               or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now))
+               free_of_lease(now))
         .values(next_attempt_at=now)
     )
     with engine.begin() as connection:

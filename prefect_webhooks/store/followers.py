@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 
 from prefect_webhooks.messages.outcomes import PENDING
 from prefect_webhooks.store.outbox import CLAIMED_COLUMNS, OUTBOX, Claimed, release_leases, to_claimed
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.tables import free_of_lease, store_now
 
 _HEAD = aliased(OUTBOX, name="head")
 
@@ -67,7 +67,7 @@ def claim_followers(
         update(OUTBOX)
         .where(OUTBOX.c.id.in_([row_id for run in wanted.values() for row_id in run]), OUTBOX.c.state == PENDING,
                OUTBOX.c.next_attempt_at <= now,
-               or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now))
+               free_of_lease(now))
         .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
         .returning(*CLAIMED_COLUMNS)
     )

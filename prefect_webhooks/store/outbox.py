@@ -24,7 +24,7 @@ from prefect_webhooks.store.engines import get_engine, insert_rows
 from prefect_webhooks.store.message_log import Leaving, attempt_rows, move_to_log, place_late_attempts
 from prefect_webhooks.store.ordering import claimable_in_order
 from prefect_webhooks.store.replay import replay_failed as replay_failed  # its home before the replay module
-from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, store_now, to_store_time
+from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, free_of_lease, store_now, to_store_time
 
 OUTBOX = OutboxMessage.__table__
 ATTEMPTS = DeliveryAttempt.__table__
@@ -164,7 +164,7 @@ def claim_due_deliveries(
         .where(
             OUTBOX.c.state == PENDING,
             OUTBOX.c.next_attempt_at <= now,
-            or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+            free_of_lease(now),
         )
         .order_by(OUTBOX.c.next_attempt_at)
         .limit(limit)
@@ -248,7 +248,7 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
             OUTBOX.c.destination.in_(list(destinations)),
             OUTBOX.c.state == PENDING,
             OUTBOX.c.next_attempt_at > now,
-            or_(OUTBOX.c.lease_expires_at.is_(None), OUTBOX.c.lease_expires_at < now),
+            free_of_lease(now),
             or_(OUTBOX.c.reason.is_(None), and_(OUTBOX.c.reason.not_like(f"%{RETRY_AFTER_REASON}%"),
                                                  OUTBOX.c.reason.not_like(f"{THROTTLED_REASON}%"))),
         )

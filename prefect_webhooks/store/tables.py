@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import NaiveDatetime
-from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary, text
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, LargeBinary, or_, text
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -311,6 +311,12 @@ class StoreUpgrade(SQLModel, table=True):
 def store_now() -> datetime:
     """The current time as the store keeps times: naive UTC (identical on SQLite and PostgreSQL)."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def free_of_lease(now: datetime) -> Any:
+    """The condition on an outbox row that no live lease holds it at ``now`` (never leased, or its lease ran out)."""
+    lease_expires_at = OutboxMessage.__table__.c.lease_expires_at
+    return or_(lease_expires_at.is_(None), lease_expires_at < now)
 
 
 def read_store_time(value: datetime | str | None) -> datetime | None:

@@ -18,10 +18,13 @@ from tests.servers import ingest_api_process
 from tests.stored import every_message, finish
 
 TOKEN = "console-t0ken-for-route-tests"
+# What is checked is each answer, not its speed: an action saves a block through the Prefect test server, which a
+# loaded machine can keep longer than httpx's default 5 s (a run beside a CPU hog timed out once).
+WAIT = 60.0
 
 
 def signed_in(url: str) -> httpx.Client:
-    client = httpx.Client(base_url=url)
+    client = httpx.Client(base_url=url, timeout=WAIT)
     answer = client.post("/console/sign-in", data={"token": TOKEN, "next": "/console"})
     assert answer.status_code == 303 and answer.headers["location"] == "/console"
     cookie = answer.headers["set-cookie"]
@@ -39,8 +42,8 @@ def form_token(client: httpx.Client, path: str) -> str:
 def test_the_console_is_off_until_a_token_is_set(prefect_harness: None, store_url: str) -> None:
     with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value(),
                             env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": ""}) as server:
-        off = httpx.get(f"{server.url}/console")
-        signing_in = httpx.post(f"{server.url}/console/sign-in", data={"token": "anything"})
+        off = httpx.get(f"{server.url}/console", timeout=WAIT)
+        signing_in = httpx.post(f"{server.url}/console/sign-in", timeout=WAIT, data={"token": "anything"})
     assert off.status_code == 404 and "set PREFECT_WEBHOOKS_ADMIN_TOKEN" in off.text
     assert signing_in.status_code == 404
 
@@ -53,15 +56,15 @@ def test_sessions_forms_and_actions(prefect_harness: None, store_url: str) -> No
     with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value(),
                             env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": TOKEN}) as server:
         # No session: every page is the sign-in form (401); a wrong token does not sign in; bearer works for scripts.
-        assert httpx.get(f"{server.url}/console/destinations/console-actions").status_code == 401
-        wrong = httpx.post(f"{server.url}/console/sign-in", data={"token": "nope"})
+        assert httpx.get(f"{server.url}/console/destinations/console-actions", timeout=WAIT).status_code == 401
+        wrong = httpx.post(f"{server.url}/console/sign-in", timeout=WAIT, data={"token": "nope"})
         assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
-        bearer = httpx.get(f"{server.url}/console", headers={"Authorization": f"Bearer {TOKEN}"})
+        bearer = httpx.get(f"{server.url}/console", timeout=WAIT, headers={"Authorization": f"Bearer {TOKEN}"})
         assert bearer.status_code == 200 and "console-actions" in bearer.text
         assert bearer.headers["x-frame-options"] == "DENY" and bearer.headers["cache-control"] == "no-store"
         # Off-site next= targets are not followed.
-        assert httpx.post(f"{server.url}/console/sign-in", data={"token": TOKEN, "next": "https://evil.example/"}
-                          ).headers["location"] == "/console"
+        assert httpx.post(f"{server.url}/console/sign-in", timeout=WAIT,
+                          data={"token": TOKEN, "next": "https://evil.example/"}).headers["location"] == "/console"
 
         client = signed_in(server.url)
         page = "/console/destinations/console-actions"

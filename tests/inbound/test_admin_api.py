@@ -32,7 +32,8 @@ def test_messages_are_paged_with_a_cursor_looked_up_and_sent_again(prefect_harne
                                                                    store_with_history: str) -> None:
     with ingest_api_process(store_with_history, prefect_api_url=PREFECT_API_URL.value(),
                             env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": TOKEN}) as server:
-        admin = httpx.Client(base_url=f"{server.url}/v1/admin", headers={"Authorization": f"Bearer {TOKEN}"})
+        admin = httpx.Client(base_url=f"{server.url}/v1/admin", headers={"Authorization": f"Bearer {TOKEN}"},
+                             timeout=60)
         seen, cursor, pages = [], None, 0
         while True:
             page = admin.get("/messages", params={"limit": 5, **({"cursor": cursor} if cursor else {})})

@@ -72,12 +72,12 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
     name, key = f"rate-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     registry = SourceRegistry(cache_seconds=3600, unknown_key_refresh_seconds=1.0)
     await registry.refresh()
-    reads = 0
+    refreshed = time.monotonic()
+    read_at: list[float] = []
     real_read = sources.aread_source_entries
 
     async def counting_read() -> list[tuple[str, SourceInfo]]:
-        nonlocal reads
-        reads += 1
+        read_at.append(time.monotonic())
         return await real_read()
 
     monkeypatch.setattr(sources, "aread_source_entries", counting_read)
@@ -87,8 +87,11 @@ async def test_unknown_key_reloads_are_rate_limited(prefect_harness: None, monke
     found = await asyncio.gather(registry.lookup(key), *(registry.lookup(f"nobody-{i}") for i in range(9)))
     waited = time.monotonic() - started
     assert found[0].name == name and found[1:] == [None] * 9
-    assert reads == 1
-    assert 0.5 < waited < 5, "a miss inside the rate limit waits for the next reload, not longer"
+    assert len(read_at) == 1
+    # Counted from the last reload, not from the lookups: saving the block can take a second on a loaded machine,
+    # and then the reload is due at once (a run beside a CPU hog saw 0.16 s when this was measured from the lookups).
+    assert read_at[0] - refreshed > 0.9, "a reload came sooner than the rate limit allows"
+    assert waited < 5, "a miss inside the rate limit waits for the next reload, not longer"
 
 
 async def test_read_source_entries_reads_secrets_in_one_call(prefect_harness: None) -> None:

@@ -114,7 +114,7 @@ class DeliverySettings(_SettingsGroup):
         "skipped (rescheduled with the error `circuit open`).",
     )
     circuit_cooldown_seconds: float = Field(
-        default=5.0,
+        default=2.0,
         gt=0,
         description="Seconds an open circuit waits before letting one probe request through (half-open): a down "
         "endpoint gets one request this often, and a recovery is seen at most this late.",
@@ -150,10 +150,10 @@ class DeliverySettings(_SettingsGroup):
         "`ramp_up_start_rate` (0: start from `ramp_up_start_rate` alone).",
     )
     ramp_up_seconds: float = Field(
-        default=60.0,
+        default=10.0,
         ge=0,
         description="How long an endpoint ramps back up from `ramp_up_start_rate` after a recovery (from its own "
-        "recent rate: at most 4 s; 0: its backlog at once).",
+        "recent rate: at most 2 s; 0: its backlog at once).",
     )
     block_cache_seconds: float = Field(
         default=10.0, ge=0, description="How long a loaded block is reused before it is read again."

@@ -20,6 +20,7 @@ from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch
 from prefect_webhooks.messages.outcomes import DELIVERED, THROTTLED_REASON
 from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.endpoint_states import read_states
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
 from prefect_webhooks.store.tables import store_now
@@ -68,6 +69,15 @@ async def run(blocks: dict[str, dict[str, Any]], seconds: float) -> None:
         await deliver_due(DeliveryOptions(run_for_seconds=seconds, idle_sleep=0.1), context=context)
 
 
+async def run_until_delivered(blocks: dict[str, dict[str, Any]], total: int, timeout: float = 60.0) -> None:
+    """Deliver in runs of a second until ``total`` messages are delivered (or ``timeout``): these tests check pace and
+    pauses, which a loaded machine only makes later, not how much fits in a fixed window (57 of 60 requests at 20/s
+    fitted in 4 s once, beside a CPU hog). The budget lives in the store, so it holds across the runs."""
+    deadline = time.monotonic() + timeout
+    while states().get(DELIVERED, 0) < total and time.monotonic() < deadline:
+        await run(blocks, 1.0)
+
+
 @pytest.fixture
 def fast_settings(store_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.2")
@@ -81,8 +91,8 @@ async def test_a_limited_endpoint_gets_its_rate_and_another_is_not_slowed(fast_s
         enqueue("limited", calls("l", 60))
         enqueue("free", calls("f", 1000))
         started = time.time()
-        await run({"limited": {"endpoints": [{"url": limited.url, "rate_limit": 20}]},
-                   "free": {"endpoints": [{"url": free.url}]}}, 4.0)
+        await run_until_delivered({"limited": {"endpoints": [{"url": limited.url, "rate_limit": 20}]},
+                                   "free": {"endpoints": [{"url": free.url}]}}, 1060)
     assert len(limited.requests) == 60 and states() == {DELIVERED: 1060}
     # GCRA at 20/s with burst 1: the n-th request no sooner than n / 20 s after the start. Checked where they are
     # sent (see sent_times and sent_too_soon): arrivals at this process's receiver thread, and sends a busy machine
@@ -90,16 +100,19 @@ async def test_a_limited_endpoint_gets_its_rate_and_another_is_not_slowed(fast_s
     sent = sent_times(limited.url)
     assert len(sent) == 60
     assert sent_too_soon(sent, started, 20) == [], sorted(round(at - started, 3) for at in sent)
-    # The free destination's thousand messages do not wait for the limited one's pace.
-    free_took = max(request.at for request in free.requests) - started
-    assert free_took < 2.5, free_took
+    # The free destination's thousand messages do not wait for the limited one's pace: they never take budget (no
+    # state row for their endpoint) and are all in while the limited one is still paced (it needs 59 / 20 s).
+    assert read_states(get_engine(), ["free"]) == {}
+    free_done = max(request.at for request in free.requests)
+    assert free_done < max(request.at for request in limited.requests), (free_done - started, sent[-1] - started)
 
 
 async def test_a_batch_is_one_request_against_the_limit(fast_settings: str) -> None:
     with Receiver() as receiver:
         enqueue("batched", calls("b", 100))
         started = time.time()
-        await run({"batched": {"endpoints": [{"url": receiver.url, "rate_limit": 10}], "batch_size": 5}}, 4.0)
+        await run_until_delivered({"batched": {"endpoints": [{"url": receiver.url, "rate_limit": 10}],
+                                               "batch_size": 5}}, 100)
     # 20 requests of 5 messages at 10/s: about two seconds (a slot per message would take ten, none would send all
     # 20 requests in the first second). GCRA's schedule, checked where they are sent.
     assert states() == {DELIVERED: 100}
@@ -116,7 +129,7 @@ async def test_retry_after_pauses_the_endpoint_for_every_message(fast_settings: 
         await run(blocks, 0.5)
         answered_at = receiver.requests[0].at
         enqueue("paused", calls("q", 10))
-        await run(blocks, 3.5)
+        await run_until_delivered(blocks, 11)
     later = [request.at for request in receiver.requests[1:]]
     assert len(later) == 11 and states() == {DELIVERED: 11}
     # Nothing reached the endpoint during the two seconds it asked for (messages queued after the 429 included).

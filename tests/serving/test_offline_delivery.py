@@ -10,8 +10,9 @@ import asyncio
 import time
 
 import pytest
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+from prefect.client.schemas.objects import FlowRun
 
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.serving.delivery_worker import DeliveryWorker
@@ -23,7 +24,7 @@ from tests.receivers import Receiver
 from tests.servers import save_destination
 
 
-async def offline_runs(client, earlier: frozenset = frozenset()) -> list:  # type: ignore[no-untyped-def]
+async def offline_runs(client: PrefectClient, earlier: frozenset[object] = frozenset()) -> list[FlowRun]:
     """The runs recording a delivery made without Prefect, but those in ``earlier``: the session's Prefect server
     also holds those of tests before this one (a serve that delivered through an outage records one too)."""
     found = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="offline-")))

@@ -5,7 +5,8 @@ answer of a hung server: a delivery batch or an ingest request that awaited it w
 Prefect call of a delivery or ingest process goes through ``PrefectApi``:
 
 - ``call`` runs it bounded to ``api_wait_seconds`` and refuses at once (``PrefectApiUnavailable``) while the API is
-  known to be down;
+  known to be down; a call already waiting stops waiting as soon as another one finds the API down (a run's
+  artifacts published just as the server went away would otherwise hold the run, and a stop, for their whole bound);
 - a call that could not reach the API marks it down; from then on a probe (``GET /health``, bounded, no retries)
   runs every ``api_probe_seconds`` until it answers, and then the callbacks registered with ``on_back`` run: what
   could not be recorded in Prefect meanwhile is recorded then.
@@ -67,6 +68,7 @@ class PrefectApi:
         self.outages = 0
         self._probe: asyncio.Task[None] | None = None
         self._on_back: list[Callable[[], Awaitable[Any]]] = []
+        self._went_down: asyncio.Event | None = None
 
     def __repr__(self) -> str:
         return f"PrefectApi(reachable={self.reachable})"
@@ -85,11 +87,30 @@ class PrefectApi:
     async def settle(self, pending: asyncio.Future[T], *, wait: float | None = None, cancel: bool = False) -> T:
         """Wait up to ``wait`` seconds for a Prefect call already running (a shared reload) and learn from it.
 
-        On a timeout the call is left running (or cancelled with ``cancel``) and ``PrefectApiUnavailable`` raised.
+        On a timeout, or once another call finds the API down, the call is left running (or cancelled with
+        ``cancel``) and ``PrefectApiUnavailable`` raised.
         """
         limit = self.wait_seconds if wait is None else wait
+        if self._went_down is None or self._went_down.is_set():
+            self._went_down = asyncio.Event()
+        found_down = self._went_down
+        went_down = asyncio.ensure_future(found_down.wait())
         try:
-            result = await asyncio.wait_for(pending if cancel else asyncio.shield(pending), limit)
+            await asyncio.wait({pending, went_down}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            if cancel:
+                pending.cancel()
+            raise
+        finally:
+            went_down.cancel()
+        if not pending.done():
+            if cancel:
+                pending.cancel()
+            reason = "found down by another call" if found_down.is_set() else "no answer in time"
+            self.mark_down(TimeoutError(reason))
+            raise PrefectApiUnavailable(f"the Prefect API did not answer ({reason})")
+        try:
+            result = pending.result()
         except Exception as exc:
             if not is_unreachable(exc):
                 self.mark_up()
@@ -118,6 +139,8 @@ class PrefectApi:
         if self.reachable:
             self.reachable = False
             self.down_since = time.time()
+            if self._went_down is not None:
+                self._went_down.set()
             self.outages += 1
             logger.warning("the Prefect API cannot be reached (%s): delivery and ingest go on without it; what "
                            "Prefect would record waits for its return", type(exc).__name__ if exc else "no answer")

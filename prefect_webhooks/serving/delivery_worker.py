@@ -8,8 +8,7 @@
 - runs the ``deliver`` flow **in its own process**, one flow run after another (a *shift* each), so no Python process
   with Prefect loaded is started per run (seconds of CPU each). Every run is a run of the deployment: it shows under
   it in the Prefect UI with its task runs and artifacts;
-- starts the first shift as soon as it has registered, so what is due moves within seconds of ``serve`` starting,
-  without waiting for the first scheduled run;
+- starts the first shift once it has registered: what is due moves within seconds of ``serve`` starting;
 - starts the next run every interval of the definition's schedule while messages flow; a run that has claimed
   nothing goes on instead, up to ``PREFECT_WEBHOOKS_QUIET_RUN_SECONDS`` (an hour), and hands over at the first
   interval after it has delivered something. A quiet service shows one run an hour in the Prefect UI, not one a
@@ -20,12 +19,12 @@
 - hands over without a pause: a shift ends only once its successor has made its first claim; the predecessor then
   stops claiming, finishes the batches it holds, publishes its artifacts and completes. The two overlap by at least
   one claim (leases keep their rows apart);
-- starts no run of its own while the deployment is paused in Prefect (the scheduler makes none either), so delivery
-  stops at the end of the current shift and resumes with the deployment; a run set to *Cancelling* stops claiming
-  and ends after its batches;
+- starts no run of its own while the deployment is paused in Prefect: delivery stops at the end of the current
+  shift and resumes with the deployment; a run set to *Cancelling* stops claiming and ends after its batches;
 - started with ``--start-deletion-runs`` (``serve``'s first worker), also starts a ``deletions/interval`` run when a
   deletion request waits (``serving.deletion_runs``);
-- on SIGTERM/SIGINT stops claiming, finishes the batches in flight, completes its runs and exits 0;
+- on SIGTERM/SIGINT stops claiming, finishes the batches in flight, completes its runs and exits 0 (while the
+  Prefect API is down, without waiting for Prefect's engine to report the runs' ends: the run records do);
 - never waits for the Prefect API: every call to it is bounded (``api_wait_seconds``) and skipped while it is known
   to be down. A run whose successor cannot start keeps delivering; a worker that cannot start any run (started
   during an outage, or its run ended in one) delivers without a flow run (``serving.shifts``) until one can start;
@@ -104,7 +103,6 @@ REGISTRATION_WAIT_SECONDS = 10.0
 # At exit, how long what waited for the Prefect API may take to be recorded.
 RECORD_AT_EXIT_SECONDS = 10.0
 
-
 # What the deployment's description adds in the Prefect UI, where it shows without a schedule.
 PACED_BY_THE_WORKER = ("Served by prefect-webhooks serve's delivery worker, which starts its runs: one per schedule "
                        "interval while messages flow, one per PREFECT_WEBHOOKS_QUIET_RUN_SECONDS while none do.")
@@ -137,6 +135,7 @@ class DeliveryWorker:
         self.runs: dict[UUID, RunningShift] = {}
         self.offline: RunningShift | None = None
         self.shifts_started = 0
+        self.runs_ended = threading.Event()
 
     async def run(self) -> None:
         """Deliver until ``stop`` is called; then end every run cleanly."""
@@ -207,6 +206,7 @@ class DeliveryWorker:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._settle_records(), RECORD_AT_EXIT_SECONDS)
             self.records.log_unrecorded()
+            self.runs_ended.set()
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and end its runs (safe from a signal handler)."""
@@ -399,11 +399,13 @@ def main(start_deletion_runs: Annotated[bool, typer.Option(
     signal.signal(signal.SIGINT, request_stop)
     thread = threading.Thread(target=deliver_until_stopped, name="delivery")
     thread.start()
-    while thread.is_alive():
+    # Once the runs have ended while the API is down, the event loop's own shutdown would still wait for the tasks
+    # Prefect's engine left reporting their runs' states to it (retried for about a minute): not waited for.
+    while thread.is_alive() and not (worker.runs_ended.is_set() and not worker.api.reachable):
         thread.join(0.5)
     if errors:
         raise errors[0]
-    if getattr(worker, "api", None) is not None and not worker.api.reachable:
+    if worker.runs_ended.is_set() and not worker.api.reachable:
         # Prefect's client would spend minutes at exit trying to send the events it holds (task-run states, failure
         # events) to an API that does not answer: everything of ours is committed, so exit now.
         logger.warning("exiting while the Prefect API cannot be reached: the events Prefect's client still holds "

@@ -64,6 +64,24 @@ async def test_a_hung_api_costs_a_caller_at_most_the_wait(prefect_harness: None)
     assert not api.reachable
 
 
+async def test_a_call_waiting_on_a_hung_api_stops_when_another_finds_it_down(prefect_harness: None) -> None:
+    """A run's artifacts (a 15 s bound) sent just as the server hangs are not waited for once a batch's 0.5 s call
+    has found the API down: a run, and a stop of the process, do not wait out the longest bound."""
+    api = PrefectApi(wait_seconds=0.5, probe_seconds=30)
+    with switched_api() as switch:
+        await health()
+        await api.call(health)
+        switch.hang()
+        started = time.monotonic()
+        long_call = asyncio.ensure_future(api.call(health, wait=30))
+        with pytest.raises(PrefectApiUnavailable):
+            await api.call(health)
+        with pytest.raises(PrefectApiUnavailable, match="found down by another call"):
+            await long_call
+        assert time.monotonic() - started < 10  # not its own 30 s
+    assert not api.reachable
+
+
 async def test_the_probe_finds_the_api_back_and_runs_what_waited(prefect_harness: None) -> None:
     api = PrefectApi(wait_seconds=2, probe_seconds=0.2)
     back = asyncio.Event()

@@ -7,7 +7,8 @@ Usage:
 ``--build-only`` is the documented way to give a store realistic history fast: ``--kept`` messages with random
 messageIds and users, the seed's body shapes (track, identify, page), one attempt each (3 % a 503 first, 1 % failed
 after three), finished evenly over the retention (24 h for delivered, 7 d for failed), written straight into the
-log's partitions the way delivery leaves them.
+log's partitions the way delivery leaves them, in time order, and their messageIds remembered for the dedupe window
+(``seen_ids``) as ingestion remembers them.
 
 A measuring run prints, beside our figures, the same history in the previous release's layout (one queue table
 holding every outcome, an attempts table, both with their indexes) in a scratch store of the same run; and the
@@ -61,6 +62,7 @@ def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, ol
     """
     from prefect_webhooks.messages.outcomes import Attempt
     from prefect_webhooks.messages.payloads import serialize
+    from prefect_webhooks.settings import get_settings
     from prefect_webhooks.store.bulk_insert import insert_rows
     from prefect_webhooks.store.engines import get_engine
     from prefect_webhooks.store.log_partitions import (
@@ -71,9 +73,9 @@ def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, ol
     )
     from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
     from prefect_webhooks.store.message_log import name_ids
+    from prefect_webhooks.store.seen_ids import remember_receipts
     from prefect_webhooks.store.tables import OutboxMessage, store_now
 
-    rng = random.Random(seed)
     engine = get_engine(url)
     started = time.monotonic()
     now = store_now() - timedelta(seconds=older_than)
@@ -86,13 +88,18 @@ def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, ol
         highest += [connection.exec_driver_sql(f"SELECT coalesce(max(id), 0) FROM {partition.name}").scalar_one()
                     for partition in kept_partitions(connection)]
         first_id = max(highest) + 1
+    rng = random.Random(f"{seed}-{first_id}")  # a second build adds other messages, with their own ids
+    remembered_since = store_now() - timedelta(seconds=get_settings().dedupe_window())
     written = 0
     while written < kept:
         size = min(batch, kept - written)
         rows = []
+        receipts: dict[str, list] = {}  # messageIds remembered for the dedupe window, per source
         for offset in range(size):
             failed = rng.random() < 0.01
-            finished = now - timedelta(seconds=rng.uniform(0, 7 * 86400 if failed else 86400))
+            # In time order, as traffic comes: the periods of the log and of the remembered ids fill at the rate.
+            passed = (written + offset + rng.random()) / kept
+            finished = now - timedelta(seconds=(1 - passed) * (7 * 86400 if failed else 86400))
             user = f"user-{rng.randrange(500_000)}"
             kind = rng.choices(("track", "identify", "page"), (0.7, 0.2, 0.1))[0]
             body = serialize(body_of(kind, user, rng))
@@ -113,7 +120,11 @@ def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, ol
                 "state": STATE_CODES["failed" if failed else "delivered"], "finished_ms": epoch_ms(finished),
                 "message_key": text_key(message_id), "user_key": text_key(user),
                 "source_id": names[content.source], "record": pack_record(content, finished, names)}))
+            if content.created_at >= remembered_since:
+                receipts.setdefault(content.source, []).append((message_id, content.created_at))
         with engine.begin() as connection:
+            for source, remembered in receipts.items():
+                remember_receipts(connection, source, remembered)
             partitions = partitions_for(connection, {(kind, at) for kind, at, _ in rows})
             by_table: dict[str, list[dict]] = {}
             for kind, at, row in rows:

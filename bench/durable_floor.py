@@ -3,7 +3,7 @@
     PREFECT_WEBHOOKS_DATABASE_URL=sqlite:///... uvicorn --app-dir bench durable_floor:app
 
 For each ``POST /v1/batch`` it parses the JSON body, builds for every call the same two rows the ingest API writes
-(one outbox row with the call serialised as its body, one ``seen_messages`` row for its messageId), hands them to
+(one outbox row with the call serialised as its body, its messageId remembered (``seen_ids``)), hands them to
 a group commit on the event loop (the ingest API's scheme: what concurrent requests brought is written in one
 transaction) and answers ``200`` once that transaction has committed. Nothing else: no authentication, validation,
 timestamps, routing, deduplication or outbound body. It writes through the project's own store (same engine, same
@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prefect_webhooks.messages.outcomes import PENDING
 from prefect_webhooks.store.engines import get_engine, insert_rows
-from prefect_webhooks.store.tables import OutboxMessage, SeenMessage, store_now
+from prefect_webhooks.store.seen_ids import remember_receipts
+from prefect_webhooks.store.tables import OutboxMessage, store_now
 from prefect_webhooks.utilities.runtime import tune_gc_for_serving  # noqa: E402
 
 OUTBOX = OutboxMessage.__table__
-SEEN = SeenMessage.__table__
 MAX_GROUP_MESSAGES = 5000  # the ingest API's group size (BatchWriter.max_group_messages)
 _OK = b'{"success":true}'
 
@@ -39,10 +39,10 @@ class GroupCommit:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.waiting: list[tuple[list[dict], list[dict], asyncio.Future]] = []
+        self.waiting: list[tuple[list[dict], list[tuple], asyncio.Future]] = []
         self.flusher: asyncio.Task | None = None
 
-    async def submit(self, outbox: list[dict], seen: list[dict]) -> None:
+    async def submit(self, outbox: list[dict], seen: list[tuple]) -> None:
         future = asyncio.get_running_loop().create_future()
         self.waiting.append((outbox, seen, future))
         if self.flusher is None or self.flusher.done():
@@ -62,7 +62,7 @@ class GroupCommit:
             error = None
             try:
                 with self.engine.begin() as connection:
-                    insert_rows(connection, SEEN, [row for item in group for row in item[1]])
+                    remember_receipts(connection, "floor", [row for item in group for row in item[1]])
                     insert_rows(connection, OUTBOX, [row for item in group for row in item[0]])
             except Exception as exc:
                 error = exc
@@ -102,7 +102,7 @@ class FloorApp:
                                "message_id": call.get("messageId"), "user_id": call.get("userId"),
                                "body": orjson.dumps(call), "state": PENDING, "attempts": 0, "created_at": now,
                                "next_attempt_at": now})
-                seen.append({"source": "floor", "message_id": call.get("messageId"), "received_at": now})
+                seen.append((call.get("messageId"), now))
             try:
                 await self.writer.submit(outbox, seen)
             except Exception:

@@ -167,6 +167,7 @@ def status(
     from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
     from prefect_webhooks.store.log_partitions import kept_counts
     from prefect_webhooks.store.metrics import backlog_snapshot, health_document, prometheus_text, status_table
+    from prefect_webhooks.store.seen_ids import remembered_ids
 
     try:
         engine = open_existing_store()
@@ -175,7 +176,7 @@ def status(
         raise typer.Exit(1) from None
     print(f"store: {get_settings().store.location()}",
           file=sys.stderr if as_json or prometheus else sys.stdout)
-    snapshot = {**backlog_snapshot(engine), "kept": kept_counts(engine)}
+    snapshot = {**backlog_snapshot(engine), "kept": kept_counts(engine), "remembered": remembered_ids(engine)}
     if as_json:
         print(json.dumps(health_document(snapshot), indent=2))
     elif prometheus:

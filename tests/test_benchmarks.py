@@ -30,6 +30,9 @@ def test_every_benchmark_module_imports() -> None:
 TINY_RUNS = {
     "bench_audience": (["--members", "200", "--churn", "0.1", "--destinations", "1"],
                        r"incremental worst: [\d.]+ s, \d+ MB peak RSS"),
+    "bench_dedupe": (["--sizes", "0", "5000", "--calls", "5", "--batch", "200"],
+                     r"window of 5,000 ids .* B per id on disk(.|\n)*this release: +p50 +[\d.]+ ms .*repeats found \d+"
+                     r"(.|\n)*previous layout: +p50 +[\d.]+ ms .*repeats found \d+"),
     "bench_delivery": (["--messages", "200"],
                        r"raw aiohttp POST loop \(ceiling\)\s+\d+ msg/s(.|\n)*deliver_due \(outbox\)\s+\d+ msg/s"),
     "bench_client": (["--messages", "200", "--endpoints", "sink"],
@@ -73,6 +76,10 @@ def test_history_built_twice_adds_up_and_status_counts_it(tmp_path: Path) -> Non
         assert counted, shown.stdout
         total, delivered, failed = (int(group.replace(",", "")) for group in counted.groups())
         assert total == kept and delivered + failed == kept and 0 < failed < kept // 10
+        remembered = re.search(r"remembered for the dedupe window: ([\d,]+) messageIds", shown.stdout)
+        assert remembered, shown.stdout
+        # Every delivered message's id (received within the day), and the failed ones' of the last day.
+        assert delivered <= int(remembered.group(1).replace(",", "")) <= kept
 
 
 def test_the_receiver_outage_figures_count_from_the_recovery() -> None:

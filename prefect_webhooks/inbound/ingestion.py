@@ -6,7 +6,7 @@ A batch goes through two steps:
    call, check its size, validate it (``messages.parse_message``), resolve its timestamp, route it
    (``routing.route``) and build its outbound rows (``payloads`` + ``outbox.outbox_rows``).
 2. ``commit_batches`` (inside one transaction): drop duplicates of a messageId seen from the same source within the
-   dedupe window (``SeenMessage``), drop calls about suppressed users (``SuppressedUser``), write the rest.
+   dedupe window (``store.seen_ids``), drop calls about suppressed users (``SuppressedUser``), write the rest.
 
 ``ingest_batch`` does both in one transaction; ``batch_writer.BatchWriter`` is the API's single writer (on the event
 loop): it commits the batches of concurrent requests together (group commit) and answers each request after the
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, Field
-from sqlalchemy import and_, bindparam, delete, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.inbound.envelope import EnvelopeError, merge_batch_fields
@@ -33,14 +33,14 @@ from prefect_webhooks.messages.model import MAX_MESSAGE_BYTES, Alias, BaseMessag
 from prefect_webhooks.messages.payloads import outbound_payload
 from prefect_webhooks.messages.timestamps import TimestampError, parse_timestamp, utcnow
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine, insert_rows
+from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_row
-from prefect_webhooks.store.tables import SeenMessage, SuppressedUser, to_store_time
+from prefect_webhooks.store.seen_ids import remember_receipts, seen_receipts
+from prefect_webhooks.store.tables import SuppressedUser, to_store_time
 
 ALL_SOURCES = "*"
 # SQLite allows 999 bound parameters per statement in old builds; stay well under it.
 _IN_CHUNK = 400
-_SEEN = SeenMessage.__table__
 _SUPPRESSED = SuppressedUser.__table__
 
 
@@ -210,25 +210,6 @@ def _chunks(values: Sequence[str], size: int = _IN_CHUNK) -> Iterable[Sequence[s
         yield values[start : start + size]
 
 
-def _seen_times(connection: Connection, source: str, message_ids: Sequence[str]) -> dict[str, datetime]:
-    found: dict[str, datetime] = {}
-    if connection.dialect.name == "sqlite":
-        # Straight to the driver, as ``insert_rows`` does: SQLAlchemy's expanding IN cost more than the lookup.
-        # A hit (a duplicate) is rare; only its time needs parsing.
-        for chunk in _chunks(list(set(message_ids))):
-            statement = (f"SELECT message_id, received_at FROM {_SEEN.name} WHERE source = ? AND message_id IN "
-                         f"({', '.join('?' * len(chunk))})")
-            for message_id, received_at in connection.exec_driver_sql(statement, (source, *chunk)):
-                found[message_id] = datetime.fromisoformat(received_at) if isinstance(received_at, str) else received_at
-        return found
-    for chunk in _chunks(sorted(set(message_ids))):
-        query = select(_SEEN.c.message_id, _SEEN.c.received_at).where(
-            _SEEN.c.source == source, _SEEN.c.message_id.in_(chunk)
-        )
-        found.update((row.message_id, row.received_at) for row in connection.execute(query))
-    return found
-
-
 def _any_suppressed(connection: Connection) -> bool:
     return connection.execute(select(_SUPPRESSED.c.user_id).limit(1)).first() is not None
 
@@ -249,13 +230,13 @@ def _commit_source(
     connection: Connection, source: str, batches: Sequence[PreparedBatch], window: timedelta
 ) -> list[IngestResult]:
     """Dedupe, suppress and write the batches of one source, in order; results in the same order."""
-    seen = _seen_times(connection, source, [m.message_id for b in batches for m in b.messages])
+    since = min(to_store_time(batch.received_at) for batch in batches) - window
+    seen = seen_receipts(connection, source, [m.message_id for b in batches for m in b.messages], since)
     suppressed = (
         _suppressed(connection, source, {user for b in batches for m in b.messages for user in m.users})
         if _any_suppressed(connection) else set()
     )
-    expired: list[dict[str, Any]] = []
-    new_seen: list[dict[str, Any]] = []
+    new_seen: list[tuple[str, datetime]] = []
     rows: list[dict[str, Any]] = []
     results = []
     for batch in batches:
@@ -267,10 +248,8 @@ def _commit_source(
             if previous is not None and previous >= cutoff:
                 duplicates += 1
                 continue
-            if previous is not None:
-                expired.append({"s": source, "m": message.message_id})
             seen[message.message_id] = received
-            new_seen.append({"source": source, "message_id": message.message_id, "received_at": received})
+            new_seen.append((message.message_id, received))
             if suppressed and suppressed.intersection(message.users):
                 dropped += 1
                 continue
@@ -283,11 +262,7 @@ def _commit_source(
                 rows_written=written,
             )
         )
-    if expired:
-        connection.execute(
-            delete(_SEEN).where(and_(_SEEN.c.source == bindparam("s"), _SEEN.c.message_id == bindparam("m"))), expired
-        )
-    insert_rows(connection, _SEEN, new_seen)
+    remember_receipts(connection, source, new_seen)
     add_to_outbox(connection, rows)
     return results
 

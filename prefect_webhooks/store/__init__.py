@@ -2,7 +2,8 @@
 deletions, through ``outbox.enqueue``/``add_to_outbox``, in the caller's transaction) into the queue and hands them
 on to delivery as leased claims (``outbox.claim_due_deliveries``); a message that reaches its outcome moves with its
 attempts to the message log (``outbox.record_outcomes`` ▶ ``message_log``), kept in time partitions that retention
-drops whole, and looked up by messageId, user or destination and time (``message_log.find_kept``).
+drops whole, and looked up by messageId, user or destination and time (``message_log.find_kept``). Ingestion's
+dedupe remembers messageIds per period of receipt, each sealed period behind a filter (``seen_ids``).
 ``tables`` defines the schema, ``engines`` opens SQLite (WAL, the default) or PostgreSQL and creates the schema
 idempotently, and ``metrics`` reads the backlog and totals for ``/metrics``, ``/health/backlog`` and ``status``.
 """
@@ -18,7 +19,6 @@ from prefect_webhooks.store.tables import (
     DeletionRequest,
     DeliveryAttempt,
     OutboxMessage,
-    SeenMessage,
     StoreIdentity,
     SuppressedUser,
     store_now,
@@ -32,7 +32,6 @@ __all__ = [
     "KeptMessage",
     "DeliveryAttempt",
     "OutboxMessage",
-    "SeenMessage",
     "StoreIdentity",
     "SuppressedUser",
     "add_to_outbox",

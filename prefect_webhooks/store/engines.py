@@ -28,11 +28,13 @@ except ImportError:  # not on Windows: there, processes opening a new store at o
 
 from prefect_webhooks.settings import get_settings, store_location
 from prefect_webhooks.store.bulk_insert import insert_rows as insert_rows  # its home before bulk_insert
+from prefect_webhooks.store.checkpointer import Checkpointer
 from prefect_webhooks.store.file_modes import prepare_store_file
 from prefect_webhooks.store.tables import OutboxMessage, StoreIdentity, dialect_insert
 from prefect_webhooks.store.upgrades import move_history_to_log, upgrade_store
 
 _engines: dict[str, Engine] = {}
+_checkpointers: dict[str, Checkpointer] = {}
 _engines_lock = threading.Lock()
 
 
@@ -68,9 +70,22 @@ def get_engine(url: str | None = None) -> Engine:
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
-            engine = _make_engine(url)
+            engine = _make_engine(url, checkpointed=True)
             _engines[url] = engine
+            path = _sqlite_file(url)
+            if path:
+                _checkpointers[url] = Checkpointer(path).start()
         return engine
+
+
+def _sqlite_file(url: str) -> str | None:
+    path = url.split("///", 1)[-1] if url.startswith("sqlite") and "///" in url else ""
+    return path if path and path != ":memory:" else None
+
+
+def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
+    """The engine's ``Checkpointer`` copies the WAL back, not the commits (see ``checkpointer``)."""
+    dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
 
 
 class StoreNotFound(LookupError):
@@ -105,13 +120,15 @@ def open_existing_store(url: str | None = None) -> Engine:
     return engine
 
 
-def _make_engine(url: str, *, create: bool = True) -> Engine:
+def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -> Engine:
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if create and path and path != ":memory:":
+        path = _sqlite_file(url)
+        if create and path:
             prepare_store_file(Path(path))
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _tune_sqlite)
+        if checkpointed and path:
+            event.listen(engine, "connect", _no_autocheckpoint)
     else:
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
@@ -201,6 +218,9 @@ def store_key(engine: Engine) -> str:
 def dispose_engines() -> None:
     """Close every pooled connection (tests and forked children call this)."""
     with _engines_lock:
+        for checkpointer in _checkpointers.values():
+            checkpointer.stop()
+        _checkpointers.clear()
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()

@@ -207,7 +207,8 @@ def health_document(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 def status_table(snapshot: dict[str, Any]) -> str:
     """The snapshot as a text table for the ``status`` command: one row per destination, then the totals (and what
-    the message log keeps, when the snapshot has ``kept``: ``log_partitions.kept_counts``)."""
+    the message log keeps, when the snapshot has ``kept``: ``log_partitions.kept_counts``; and the messageIds the
+    dedupe window holds, with ``remembered``: ``seen_ids.remembered_ids``)."""
 
     def cells(name: str, figures: dict[str, Any]) -> tuple[object, ...]:
         return (
@@ -228,8 +229,10 @@ def status_table(snapshot: dict[str, Any]) -> str:
     if "kept" not in snapshot:
         return table
     kept = snapshot["kept"]
+    remembered = (f"\nremembered for the dedupe window: {snapshot['remembered']:,} messageIds"
+                  if "remembered" in snapshot else "")
     return (f"{table}\nkept in the message log: {sum(kept.values()):,} messages ({kept['delivered']:,} delivered or "
-            f"filtered, {kept['failed']:,} failed)")
+            f"filtered, {kept['failed']:,} failed){remembered}")
 
 
 def add_metrics_routes(app: Any, engine: Engine | None = None) -> None:

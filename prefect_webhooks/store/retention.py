@@ -6,7 +6,9 @@ One pruning pass removes, oldest first:
   for delivered and filtered messages, ``retention_failed`` for failed ones): each is a table dropped whole, with
   its messages' attempts inside their records (``message_log``). Before a partition goes, its (user, source) pairs
   are kept, so an unscoped deletion request still finds every source that saw the user;
-- messageIds remembered for deduplication longer than the dedupe window, in transactions of at most
+- the periods of messageIds remembered for deduplication (``seen_ids``) whose whole period is older than the
+  dedupe window, each a table dropped whole; the filters of periods newly sealed are built first, out of the
+  ingest path. A store from before these periods has its ``seen_messages`` emptied in transactions of at most
   ``batch_rows``, each followed by a pause as long as it took;
 - the console's per-minute outcome counts older than a day (``minute_counts``).
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import delete, func, inspect, select, tuple_
 from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
@@ -45,10 +47,17 @@ from prefect_webhooks.store.log_partitions import (
     unlisted_partitions,
 )
 from prefect_webhooks.store.minute_counts import prune_minutes
-from prefect_webhooks.store.tables import OutboxMessage, SeenMessage, read_store_time, store_now
+from prefect_webhooks.store.seen_ids import (
+    LEGACY,
+    drop_period,
+    expired_periods,
+    seal_periods,
+    unlisted_periods,
+)
+from prefect_webhooks.store.tables import OutboxMessage, read_store_time, store_now
 
 OUTBOX = OutboxMessage.__table__
-SEEN = SeenMessage.__table__
+SEEN = LEGACY
 PRUNE_LEASE = "prune"
 LEASE_SECONDS = 120.0
 # MessageIds per transaction: a batch of 500 holds SQLite's write lock for 5-30 ms (2,000: 15-50 ms, which showed in
@@ -196,8 +205,21 @@ def prune_store(
             record_user_sources(engine, partition)
             drop_partition(engine, partition)
             report.batches += 1
+        for name in unlisted_periods(engine):
+            with engine.begin() as connection:
+                connection.exec_driver_sql(f'DROP TABLE IF EXISTS "{name}"')
+        seal_periods(engine)
+        with engine.connect() as connection:
+            expired_ids = expired_periods(connection, policy.seen_seconds, now)
+            legacy = SEEN.name in inspect(connection).get_table_names()
+        for period in expired_ids:
+            if time.monotonic() - renewed > LEASE_SECONDS / 3:
+                take_lease(engine, PRUNE_LEASE, owner, LEASE_SECONDS)
+                renewed = time.monotonic()
+            report.removed[SEEN_REMOVED] += drop_period(engine, period)
+            report.batches += 1
         step = _seen_step(now - timedelta(seconds=policy.seen_seconds), policy.batch_rows)
-        while True:
+        while legacy:
             if time.monotonic() - renewed > LEASE_SECONDS / 3:
                 take_lease(engine, PRUNE_LEASE, owner, LEASE_SECONDS)
                 renewed = time.monotonic()
@@ -221,7 +243,8 @@ def prune_store(
 
 
 def _seen_step(cutoff: datetime, limit: int) -> Callable[[Connection], int]:
-    """One transaction's work for remembered messageIds: up to ``limit`` received before ``cutoff``."""
+    """One transaction's work for a store from before ``seen_ids``: up to ``limit`` of the messageIds in its
+    ``seen_messages`` received before ``cutoff``."""
 
     def step(connection: Connection) -> int:
         key = tuple_(SEEN.c.source, SEEN.c.message_id)

@@ -138,15 +138,18 @@ class DeliveryAttempt(SQLModel, table=True):
     response: str | None = Field(default=None, description="The start of the receiver's answer, secrets masked.")
 
 
-class SeenMessage(SQLModel, table=True):
-    """A messageId accepted from a source, remembered for the dedupe window."""
+class SeenIdPeriod(SQLModel, table=True):
+    """One table of remembered messageIds: the ids received in ``[starts_at, ends_at)`` (``seen_ids``)."""
 
-    __tablename__ = "seen_messages"
-    __table_args__ = (Index("ix_seen_received", "received_at"),)
+    __tablename__ = "seen_id_periods"
 
-    source: str = Field(primary_key=True, max_length=255)
-    message_id: str = Field(primary_key=True, max_length=1024)
-    received_at: NaiveDatetime
+    name: str = Field(primary_key=True, max_length=64)
+    starts_at: NaiveDatetime
+    ends_at: NaiveDatetime = Field(index=True)
+    ids: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True), description=(
+        "How many ids it holds, counted when its filter was built; None before."))
+    id_filter: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True), description=(
+        "The Bloom filter over its keys (``seen_ids.KeyFilter``), built once the period is sealed."))
 
 
 class Audience(SQLModel, table=True):

@@ -45,7 +45,7 @@ async def test_batch_writer_sheds_load_past_max_pending(store_url: str) -> None:
     await writer.stop()
 
 
-async def test_batch_writer_gives_a_new_postgres_store_statistics_for_the_dedupe_lookup() -> None:
+async def test_batch_writer_gives_a_new_postgres_queue_statistics() -> None:
 
     from tests.conftest import _fresh_postgres_database, postgres_server
 
@@ -57,12 +57,7 @@ async def test_batch_writer_gives_a_new_postgres_store_statistics_for_the_dedupe
                                for i in range(0, 2_000, 100)))
     await writer.stop()
     with engine.connect() as connection:
-        counted = dict(connection.exec_driver_sql(
-            "SELECT relname, reltuples FROM pg_class WHERE relname IN ('seen_messages', 'outbox')").all())
-        estimate = connection.exec_driver_sql(
-            "EXPLAIN SELECT message_id FROM seen_messages WHERE source = 'web'").scalars().first()
-    # The planner knows the tables' sizes (never analysed: -1) and that the source is every row, not a handful:
-    # otherwise it filters every row of the source for the dedupe lookup instead of probing the index per id.
-    assert counted["seen_messages"] >= 10_000 and counted["outbox"] >= 20_000, counted
-    assert int(estimate.split("rows=")[1].split()[0]) >= 10_000, estimate
+        (tuples,) = connection.exec_driver_sql("SELECT reltuples FROM pg_class WHERE relname = 'outbox'").scalars()
+    # Analysed at 10,000 calls written, before autovacuum's first pass (never analysed: -1).
+    assert tuples >= 20_000
     engine.dispose()

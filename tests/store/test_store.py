@@ -14,7 +14,7 @@ def test_schema_creation_is_idempotent_on_each_backend(backend_url: str) -> None
     create_schema(engine)
     create_schema(engine)
     tables = set(inspect(engine).get_table_names())
-    assert {"outbox", "delivery_attempts", "seen_messages", "audience_state", "deletion_requests"} <= tables
+    assert {"outbox", "delivery_attempts", "seen_id_periods", "audience_state", "deletion_requests"} <= tables
 
 
 def test_enqueue_commits_rows_with_bodies_serialised_once(backend_url: str) -> None:

@@ -235,19 +235,32 @@ def _period_after(connection: Connection, previous: Partition | None, longest: i
     cap = ROWS_PER_PARTITION * 4
     counted = select(previous.table.c.id).limit(cap).subquery()
     rows = connection.execute(select(func.count()).select_from(counted)).scalar_one()
-    rate = rows / max((previous.ends_at - previous.starts_at).total_seconds(), 1.0)
-    fitting = [period for period in PERIODS if period <= longest and rate * period <= ROWS_PER_PARTITION]
+    return period_for_rate(rows, previous.ends_at - previous.starts_at, longest, ROWS_PER_PARTITION)
+
+
+def period_for_rate(rows: int, lasted: timedelta, longest: float, per_period: int) -> int:
+    """The longest of ``PERIODS``, at most ``longest`` seconds, that would have held at most ``per_period`` rows at
+    the rate of ``rows`` over ``lasted`` (the shortest when none would)."""
+    rate = rows / max(lasted.total_seconds(), 1.0)
+    fitting = [period for period in PERIODS if period <= longest and rate * period <= per_period]
     return fitting[-1] if fitting else PERIODS[0]
+
+
+def period_bounds(at: datetime, seconds: int, previous_end: datetime | None) -> tuple[datetime, datetime]:
+    """The period of ``seconds`` holding the naive-UTC ``at``, aligned to its length; it starts no earlier than the
+    end of the period before it when the period grew."""
+    epoch = int(at.replace(tzinfo=timezone.utc).timestamp())
+    start = datetime.fromtimestamp(epoch - epoch % seconds, timezone.utc).replace(tzinfo=None)
+    if previous_end is not None and start < previous_end <= at:
+        start = previous_end
+    end = datetime.fromtimestamp(epoch - epoch % seconds + seconds, timezone.utc).replace(tzinfo=None)
+    return start, end
 
 
 def _new_partition(
     connection: Connection, kind: str, at: datetime, period: int, previous: Partition | None
 ) -> Partition:
-    epoch = int(at.replace(tzinfo=timezone.utc).timestamp())
-    start = datetime.fromtimestamp(epoch - epoch % period, timezone.utc).replace(tzinfo=None)
-    if previous is not None and start < previous.ends_at <= at:
-        start = previous.ends_at  # no overlap with the partition before it when the period grew
-    end = datetime.fromtimestamp(epoch - epoch % period + period, timezone.utc).replace(tzinfo=None)
+    start, end = period_bounds(at, period, previous.ends_at if previous is not None else None)
     partition = Partition(f"message_log_{kind}_{start:%Y%m%d%H%M}_{int((end - start).total_seconds())}", kind,
                           start, end)
     table = partition.table

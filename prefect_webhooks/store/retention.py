@@ -50,6 +50,7 @@ from prefect_webhooks.store.minute_counts import prune_minutes
 from prefect_webhooks.store.seen_ids import (
     LEGACY,
     drop_period,
+    drop_unlisted_period,
     expired_periods,
     seal_periods,
     unlisted_periods,
@@ -206,8 +207,7 @@ def prune_store(
             drop_partition(engine, partition)
             report.batches += 1
         for name in unlisted_periods(engine):
-            with engine.begin() as connection:
-                connection.exec_driver_sql(f'DROP TABLE IF EXISTS "{name}"')
+            drop_unlisted_period(engine, name)
         seal_periods(engine)
         with engine.connect() as connection:
             expired_ids = expired_periods(connection, policy.seen_seconds, now)

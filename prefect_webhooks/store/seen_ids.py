@@ -30,7 +30,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import BigInteger, Column, DateTime, LargeBinary, MetaData, String, Table, func, inspect, select, update
@@ -39,7 +39,7 @@ from sqlalchemy.schema import CreateTable
 
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.key_filters import FilterSet, KeyFilter, Probe
-from prefect_webhooks.store.log_partitions import PERIODS
+from prefect_webhooks.store.log_partitions import PERIODS, period_bounds, period_for_rate
 from prefect_webhooks.store.tables import SeenIdPeriod, dialect_insert, store_now
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,6 @@ class Period:
 class _Memory:
     """What one process holds for one store: the sealed periods' filters, and whether legacy ids remain."""
 
-    sealed: set[str] = field(default_factory=set)
     listed_at: float = float("-inf")
     filters: FilterSet = field(default_factory=FilterSet)
     legacy: bool | None = None
@@ -123,8 +122,6 @@ def _periods(connection: Connection, memory: _Memory, since: datetime) -> list[P
     by another process, or by this transaction, is seen at once; one that rolled back, never). A few hundred rows
     at most: a period holds about ``IDS_PER_PERIOD`` ids."""
     periods = _listed(connection, ending_after=since)
-    sealed_before = store_now() - SEALED_AFTER
-    memory.sealed = {p.name for p in periods if p.ends_at <= sealed_before}
     for name in memory.filters.names() - {p.name for p in periods if p.has_filter}:
         memory.filters.discard(name)  # dropped by retention, or past ``since``
     if memory.legacy is not False and time.monotonic() - memory.listed_at > LIST_SECONDS:
@@ -148,7 +145,7 @@ def _load_filters(connection: Connection, memory: _Memory, periods: Iterable[Per
             if data is not None:
                 memory.filters.add(name, KeyFilter.from_bytes(bytes(data)))
     overdue = store_now() - SEALED_AFTER - timedelta(seconds=get_settings().retention.retention_interval + 60)
-    return any(not p.has_filter and p.ends_at < overdue for p in periods if p.name in memory.sealed)
+    return any(not p.has_filter and p.ends_at < overdue for p in periods)
 
 
 def seen_receipts(
@@ -226,9 +223,7 @@ def remember_receipts(connection: Connection, source: str, receipts: Sequence[tu
 
 
 def _period_for(connection: Connection, at: datetime) -> Period:
-    for period in _listed(connection, ending_after=at):
-        if period.starts_at <= at:
-            return period
+    """The period of ``at`` that the caller did not find listed: made here, unless another process just made it."""
     if connection.dialect.name == "postgresql":
         # Concurrent CREATE TABLE IF NOT EXISTS still race on the catalog: one creator at a time, until commit.
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243053)")
@@ -244,22 +239,16 @@ def _period_for(connection: Connection, at: datetime) -> Period:
 def _period_after(connection: Connection, previous: Period | None) -> int:
     """The longest period, at most a quarter of the window, that would have held at most ``IDS_PER_PERIOD`` ids at
     the rate the previous period filled (the shortest for the first)."""
-    longest = get_settings().dedupe_window() / 4
     if previous is None:
         return PERIODS[0]
     counted = select(previous.table.c.key).limit(IDS_PER_PERIOD * 4).subquery()
     ids = connection.execute(select(func.count()).select_from(counted)).scalar_one()
-    rate = ids / max((previous.ends_at - previous.starts_at).total_seconds(), 1.0)
-    fitting = [period for period in PERIODS if period <= longest and rate * period <= IDS_PER_PERIOD]
-    return fitting[-1] if fitting else PERIODS[0]
+    return period_for_rate(ids, previous.ends_at - previous.starts_at, get_settings().dedupe_window() / 4,
+                           IDS_PER_PERIOD)
 
 
 def _new_period(connection: Connection, at: datetime, seconds: int, previous: Period | None) -> Period:
-    epoch = int(at.replace(tzinfo=timezone.utc).timestamp())
-    start = datetime.fromtimestamp(epoch - epoch % seconds, timezone.utc).replace(tzinfo=None)
-    if previous is not None and start < previous.ends_at <= at:
-        start = previous.ends_at  # no overlap with the period before it when the period grew
-    end = datetime.fromtimestamp(epoch - epoch % seconds + seconds, timezone.utc).replace(tzinfo=None)
+    start, end = period_bounds(at, seconds, previous.ends_at if previous is not None else None)
     period = Period(f"seen_ids_{start:%Y%m%d%H%M%S}_{int((end - start).total_seconds())}", start, end)
     connection.execute(CreateTable(period.table, if_not_exists=True))
     connection.execute(dialect_insert(connection)(PERIOD_LIST).values(
@@ -317,9 +306,14 @@ def drop_period(engine: Engine, period: Period) -> int:
             held = connection.execute(select(func.count()).select_from(period.table)).scalar_one()
     with engine.begin() as connection:
         connection.execute(PERIOD_LIST.delete().where(PERIOD_LIST.c.name == period.name))
-    with engine.begin() as connection:
-        connection.exec_driver_sql(f'DROP TABLE IF EXISTS "{period.name}"')
+    drop_unlisted_period(engine, period.name)
     return int(held)
+
+
+def drop_unlisted_period(engine: Engine, name: str) -> None:
+    """Drop the table of a period no longer in the list."""
+    with engine.begin() as connection:
+        connection.exec_driver_sql(f'DROP TABLE IF EXISTS "{name}"')
 
 
 def unlisted_periods(engine: Engine) -> list[str]:

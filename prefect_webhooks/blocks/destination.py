@@ -52,7 +52,10 @@ class RotationInProgress(ValueError):
 class WebhookDestination(ValidatedBlock):
     """A customer's webhook destination: one to five endpoint URLs and an optional shared secret.
 
-    A message is posted to every URL; once any one answers 2xx it counts as delivered. Every request carries the
+    By default a message is posted to every URL and counts as delivered once any one answers 2xx (the seed's rule:
+    the others are not retried). With ``each_endpoint`` every URL gets every message on its own: its own retries,
+    4-hour bound, outcome and counters, so one endpoint that is down never holds back or hides from the others.
+    Every request carries the
     message's stable id (``Idempotency-Key``, or ``webhook-id`` with Standard Webhooks on) so a receiver can drop
     the rare duplicate of at-least-once delivery. With a shared secret every request carries ``X-Signature``, the
     hex HMAC-SHA1 of the body; with ``standard_webhooks`` also ``webhook-id``, ``webhook-timestamp`` and
@@ -71,6 +74,7 @@ class WebhookDestination(ValidatedBlock):
         batch_size: Send up to this many messages per request, as a JSON array; one message per request when unset.
         batch_bytes: Largest body of a batch in bytes (1,000,000 when unset).
         batch_wait: Seconds a message may wait for its batch to fill (0 when unset: send what is due).
+        each_endpoint: Deliver every message to every endpoint independently (fan-out), not once to any one.
         ordered: Deliver each user's messages one at a time, in the order they were accepted.
         disable_after: Disable an endpoint that has failed without a break for this long; never when unset.
         disabled_endpoints: The endpoints that get no requests (remove an entry to enable it again).
@@ -140,6 +144,12 @@ class WebhookDestination(ValidatedBlock):
     filters: list[FilterRule] = Field(
         default_factory=list,
         description="Destination filter rules, checked in order: drop matching messages, or allow only matching ones.",
+    )
+    each_endpoint: bool = Field(
+        default=False,
+        description="Every endpoint gets every message, each with its own retries, 4-hour bound, outcome and counters "
+        "(fan-out, as Svix and Convoy deliver); when off, a message is delivered once any one endpoint answers 2xx "
+        "and the others are not retried.",
     )
     ordered: bool = Field(
         default=False,

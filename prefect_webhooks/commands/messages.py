@@ -124,7 +124,7 @@ def _requests_as_sent(message: StoredMessage, key: str) -> list[str]:
         return stored_message_requests(None, None, message.id, key)
     with named_block("messages show", "WebhookDestination", message.destination):
         block = WebhookDestination.load(message.destination)
-    return stored_message_requests(block, message.body, message.id, key)
+    return stored_message_requests(block, message.body, message.id, key, message.endpoint)
 
 
 @messages_app.command("resend")

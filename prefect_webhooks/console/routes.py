@@ -241,8 +241,8 @@ async def _message(engine: Engine, request: Request, session: str) -> Response:
         raise ConsoleRefusal(404, f"No message {number} is queued or kept.")
     try:
         block = await load_block(WebhookDestination, message.destination) if message.body is not None else None
-        requests = stored_message_requests(block, message.body, message.id, await run_in_threadpool(store_key,
-                                                                                                     engine))
+        key = await run_in_threadpool(store_key, engine)
+        requests = stored_message_requests(block, message.body, message.id, key, message.endpoint)
     except Exception as exc:  # the attempts are worth showing without the block
         requests = [f"(the destination block {message.destination!r} could not be loaded: {type(exc).__name__})"]
     return _html(pages.message_page(message_document(message), requests, request.query_params.get("notice"),

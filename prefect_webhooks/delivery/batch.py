@@ -18,6 +18,7 @@ from prefect_webhooks.delivery.controls import after_sending, before_sending
 from prefect_webhooks.delivery.decision import BatchWrites, decide
 from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
 from prefect_webhooks.delivery.events import emit_delivery_failed
+from prefect_webhooks.delivery.fan_out import bind_to_endpoints
 from prefect_webhooks.delivery.filters import split_filtered
 from prefect_webhooks.delivery.ordering import take_in_order
 from prefect_webhooks.delivery.sender import RequestResult, display_url
@@ -152,6 +153,8 @@ async def process_batch(
 
     ready, deferred = await _resolve_all(due, context, writes)
     ready, deferred = await _still_held(ready, deferred, context, log)
+    ready, copies = await bind_to_endpoints(ready, context, writes)
+    batch.rows.extend(copies)  # a retry of this batch re-reads them with the others
     if any(destination.filters is not None for _, destination in ready):
         ready = _drop_filtered(ready, writes, context.stats)
     if context.key_prefix is None:

@@ -46,10 +46,10 @@ def take_batched(ready: list[Pair]) -> tuple[list[Pair], list[Pair]]:
     return single, [pair for pair in ready if pair[1].batching is not None]
 
 
-def _by_destination(pairs: Sequence[Pair]) -> dict[str, list[Pair]]:
-    groups: dict[str, list[Pair]] = {}
+def _by_destination(pairs: Sequence[Pair]) -> dict[tuple[str, str | None], list[Pair]]:
+    groups: dict[tuple[str, str | None], list[Pair]] = {}
     for pair in pairs:
-        groups.setdefault(pair[1].name, []).append(pair)
+        groups.setdefault(pair[1].lane, []).append(pair)
     for group in groups.values():
         group.sort(key=lambda pair: pair[0].id)  # acceptance order
     return groups
@@ -173,9 +173,9 @@ def retry_together(rescheduled: list[Rescheduled], pairs: Sequence[Pair]) -> Non
     """Make the messages of a destination that this try rescheduled for the same reason due at the earliest of
     their times, so their batch is retried whole: never later than any message's own time (no deadline is passed),
     never before a receiver's ``Retry-After`` (it is part of the reason)."""
-    destination_of = {row.id: destination.name for row, destination in pairs}
+    destination_of = {row.id: destination.lane for row, destination in pairs}
     waiting = [entry for entry in rescheduled if entry.id in destination_of and entry.lease_owner is None]
-    earliest: dict[tuple[str, str | None], datetime] = {}
+    earliest: dict[tuple[tuple[str, str | None], str | None], datetime] = {}
     for entry in waiting:
         group = destination_of[entry.id], entry.reason
         earliest[group] = min(earliest.get(group, entry.next_attempt_at), entry.next_attempt_at)

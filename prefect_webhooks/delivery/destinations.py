@@ -68,6 +68,27 @@ class ResolvedDestination:
     """Endpoints the block lists as disabled: they get no requests (not in ``endpoints``)."""
     ordered: bool = False
     disable_after: timedelta | None = None
+    each_endpoint: bool = False
+    """Every endpoint gets every message on its own (``store.fan_out``)."""
+    only: str | None = None
+    """The key of the one endpoint this copy is narrowed to (a row bound to it), or None for the whole destination."""
+
+    @property
+    def lane(self) -> tuple[str, str | None]:
+        """What a batch groups messages by: the destination, and the endpoint a row is bound to."""
+        return self.name, self.only
+
+    def endpoint_keys(self) -> list[str]:
+        """The keys of every endpoint the block lists, disabled ones included, in the block's order."""
+        return [endpoint.key for endpoint in sorted((*self.endpoints, *self.disabled), key=lambda e: e.position)]
+
+    def narrowed(self, key: str) -> ResolvedDestination | None:
+        """This destination with only the endpoint ``key`` (enabled or disabled), or None when the block no longer
+        lists it."""
+        if not any(endpoint.key == key for endpoint in (*self.endpoints, *self.disabled)):
+            return None
+        return replace(self, endpoints=tuple(e for e in self.endpoints if e.key == key),
+                       disabled=tuple(e for e in self.disabled if e.key == key), only=key)
 
 
 def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
@@ -80,7 +101,8 @@ def resolve(name: str, block: WebhookDestination) -> ResolvedDestination:
         (disabled if position in off else endpoints).append(endpoint_of(endpoint, ca_file, position))
     return ResolvedDestination(name=name, endpoints=tuple(endpoints), signer=MessageSigner.for_block(block),
                                filters=compile_filters(block.filters), batching=batching_of(block),
-                               disabled=tuple(disabled), ordered=block.ordered, disable_after=block.disable_after)
+                               disabled=tuple(disabled), ordered=block.ordered, disable_after=block.disable_after,
+                               each_endpoint=block.each_endpoint)
 
 
 # How old a cached block may be for ``DestinationCache.fresh``: a second, so a destination whose every endpoint is

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from prefect_webhooks.blocks.enabling import adisable_endpoint
@@ -23,6 +24,7 @@ from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR
 from prefect_webhooks.delivery.context import DeliveryContext, store_call
 from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.events import emit_endpoint_event, in_background
+from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, Failed, OutcomeRecords
 from prefect_webhooks.store.destination_changes import note_destination_changed
@@ -58,12 +60,20 @@ async def fail_where_all_disabled(ready: list[Ready], records: OutcomeRecords,
             refreshed[name] = fresh
     sendable = []
     for row, destination in ready:
-        destination = refreshed.get(destination.name, destination)
+        if destination.name in refreshed:
+            fresh = refreshed[destination.name]
+            # A row bound to one endpoint (``fan_out``) looks at that endpoint only.
+            destination = (fresh.narrowed(destination.only) or destination) if destination.only else fresh
         if destination.endpoints:
             sendable.append((row, destination))
             continue
-        reason = (f"{DISABLED_REASON} every endpoint of destination {destination.name!r} is disabled; enable one, "
-                  "then replay with reason prefix 'disabled'")
+        if destination.only is not None:
+            url = display_url(destination.disabled[0].url) if destination.disabled else "its endpoint"
+            reason = (f"{DISABLED_REASON} endpoint {url} of destination {destination.name!r} is disabled; enable it, "
+                      "then replay with reason prefix 'disabled'")
+        else:
+            reason = (f"{DISABLED_REASON} every endpoint of destination {destination.name!r} is disabled; enable "
+                      "one, then replay with reason prefix 'disabled'")
         records.failed.append(Failed(row.id, reason, row.attempts, row.first_attempt_at, row.destination))
     return sendable
 
@@ -74,18 +84,24 @@ def health_reports(
     """Per destination, what the batch's requests came to per endpoint (requests not sent are left out)."""
     by_endpoint: dict[tuple[str, str], list[RequestResult]] = {}
     destinations: dict[str, ResolvedDestination] = {}
+    # A fan-out destination's rows come narrowed to one endpoint each (``fan_out``): its endpoints are gathered.
+    endpoints: dict[str, dict[str, Endpoint]] = {}
     counted: set[int] = set()
     for (_, destination), results in zip(ready, results_by_row, strict=True):
         destinations[destination.name] = destination
+        endpoints.setdefault(destination.name, {}).update((e.url, e) for e in destination.endpoints)
         for result in results:
             # The messages of one batch share its request's result: it counts once.
             if result.error != CIRCUIT_OPEN_ERROR and id(result) not in counted:
                 counted.add(id(result))
                 by_endpoint.setdefault((destination.name, result.url), []).append(result)
+    for name, destination in destinations.items():
+        if destination.only is not None:
+            destinations[name] = replace(destination, endpoints=tuple(endpoints[name].values()), only=None)
     reports: dict[str, tuple[ResolvedDestination, list[HealthReport]]] = {}
     for (name, url), results in by_endpoint.items():
         destination = destinations[name]
-        endpoint = next((e for e in destination.endpoints if e.url == url), None)
+        endpoint = endpoints[name].get(url)
         if endpoint is None:
             continue
         results.sort(key=lambda result: result.attempted_at)
@@ -103,9 +119,8 @@ async def observe_health(
 ) -> None:
     """Add a sent batch's outcomes to its endpoints' health; emit events and disable endpoints as it says."""
     all_delivered = all(result.outcome == DELIVERED for results in results_by_row for result in results)
-    if all_delivered and not any(context.shared.endpoint(destination.name, endpoint.key) is not None
-                                 for destination in {d.name: d for _, d in ready}.values()
-                                 for endpoint in destination.endpoints):
+    if all_delivered and not any(context.shared.endpoint(name, key) is not None
+                                 for name, key in {(d.name, e.key) for _, d in ready for e in d.endpoints}):
         # The common case: healthy endpoints with no failure run to end; nothing to record.
         return
     for name, (destination, reports) in health_reports(ready, results_by_row).items():

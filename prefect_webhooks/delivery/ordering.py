@@ -70,12 +70,13 @@ async def take_in_order(
     Returns:
         The messages to send, and the runs that go in turn, as indexes into them (head first).
     """
-    # limits_of reads the shared state of each endpoint: once per destination, not per message.
+    # limits_of reads the shared state of each endpoint: once per destination, not per message. A row bound to one
+    # endpoint of a fan-out destination takes no followers: the user's later messages are not split yet.
     candidates = {destination.name: destination for _, destination in ready
-                  if destination.ordered and destination.batching is None}
+                  if destination.ordered and destination.batching is None and destination.only is None}
     in_turn = {name for name, destination in candidates.items() if not limits_of(destination, context)}
     heads = {row.id: destination for row, destination in ready
-             if destination.name in in_turn and row.id not in slots.at}
+             if destination.name in in_turn and destination.only is None and row.id not in slots.at}
     if not heads:
         return ready, []
     followers = await store_call(context.settings, claim_followers, context.engine, sorted(heads), context.owner,

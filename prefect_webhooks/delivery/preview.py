@@ -71,17 +71,22 @@ def preview_requests(
     *,
     key_prefix: str = PREVIEW_KEY_PREFIX,
     numbers: Sequence[int] | None = None,
+    only: str | None = None,
 ) -> list[PreviewedRequest]:
     """The requests ``block`` would make for ``messages`` (outbound bodies, in acceptance order).
 
     ``key_prefix`` and ``numbers`` make the messages' ids (``msg_preview_1``… by default; a stored message's own id,
-    ``msg_<store key>_`` and its number, for ``messages show --request``).
+    ``msg_<store key>_`` and its number, for ``messages show --request``). ``only``: the key of the one endpoint a
+    fan-out destination's stored message goes to. Disabled endpoints are shown too: enabled, they get these.
     """
     destination = resolve("preview", block)
     numbers = numbers if numbers is not None else range(1, len(messages) + 1)
     bodies = [(number, serialize(message)) for number, message in zip(numbers, messages, strict=True)]
     previews = []
-    for position, (saved, endpoint) in enumerate(zip(block.endpoints, destination.endpoints, strict=True), start=1):
+    listed = sorted((*destination.endpoints, *destination.disabled), key=lambda endpoint: endpoint.position)
+    for position, (saved, endpoint) in enumerate(zip(block.endpoints, listed, strict=True), start=1):
+        if only is not None and endpoint.key != only:
+            continue
         if destination.batching is None:
             requests = [shape_requests((endpoint,), destination.signer, f"{key_prefix}{number}",
                                        lambda shaped, body=body: shaped.render(body))[0] for number, body in bodies]
@@ -97,16 +102,19 @@ def preview_requests(
 
 
 def stored_message_requests(
-    block: WebhookDestination | None, body: bytes | None, number: int, store_key: str
+    block: WebhookDestination | None, body: bytes | None, number: int, store_key: str, endpoint: str | None = None
 ) -> list[str]:
-    """The requests a stored message makes now (``block`` as saved, the message's own id), secrets masked, as text;
-    what ``messages show --request`` and the console print."""
+    """The requests a stored message makes now (``block`` as saved, the message's own id; ``endpoint``: the key of
+    the one endpoint it goes to), secrets masked, as text; what ``messages show --request`` and the console print."""
     from prefect_webhooks.signing.headers import message_key_prefix
 
     if body is None or block is None:
         return ["(purged by a deletion request: no request is made)"]
-    return [shown.text() for shown in preview_requests(block, [orjson.loads(body)],
-                                                        key_prefix=message_key_prefix(store_key), numbers=[number])]
+    shown = preview_requests(block, [orjson.loads(body)], key_prefix=message_key_prefix(store_key), numbers=[number],
+                             only=endpoint)
+    if not shown:
+        return ["(the endpoint this message was bound to is no longer in its destination block: no request is made)"]
+    return [request.text() for request in shown]
 
 
 def _previewed(position: int, request: Request, secret_names: set[str], notes: list[str]) -> PreviewedRequest:

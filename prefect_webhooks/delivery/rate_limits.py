@@ -99,16 +99,17 @@ async def admit_ready(
     """
     slots = Slots()
     await context.shared.refresh({destination.name for _, destination in ready})
-    limits_by_name = {destination.name: limits_of(destination, context) for destination in
-                      {destination.name: destination for _, destination in ready}.values()}
-    limited: dict[str, tuple[ResolvedDestination, list[Limit], list[Claimed]]] = {}
+    # By lane: a fan-out destination's rows are narrowed to one endpoint each, and each endpoint has its budget.
+    limits_by_lane = {destination.lane: limits_of(destination, context) for destination in
+                      {destination.lane: destination for _, destination in ready}.values()}
+    limited: dict[tuple[str, str | None], tuple[ResolvedDestination, list[Limit], list[Claimed]]] = {}
     free: list[Ready] = []
     for row, destination in ready:
-        limits = limits_by_name[destination.name]
+        limits = limits_by_lane[destination.lane]
         if not limits:
             free.append((row, destination))
             continue
-        limited.setdefault(destination.name, (destination, limits, []))[2].append(row)
+        limited.setdefault(destination.lane, (destination, limits, []))[2].append(row)
     if not limited:
         return ready, slots
     for destination, limits, rows in limited.values():

@@ -255,10 +255,10 @@ class Sender:
             workers = pool(units)
         else:
             now = asyncio.get_running_loop().time()
-            chains: dict[str, list[int]] = {}
+            chains: dict[tuple[str, str | None], list[int]] = {}
             for unit in units:
                 if not_before[unit[0]] > now:
-                    chains.setdefault(items[unit[0]][0].name, []).append(unit[0])
+                    chains.setdefault(items[unit[0]][0].lane, []).append(unit[0])
             workers = [*pool([unit for unit in units if not_before[unit[0]] <= now]),
                        *(run_paced([(not_before[i], partial(send_one, i)) for i in chain])
                          for chain in chains.values())]

@@ -81,6 +81,8 @@ class RecordContent:
     first_attempt_at: datetime | None
     body: bytes | None
     tries: list[Attempt] = field(default_factory=list)
+    endpoint: str | None = None
+    """The key of the one endpoint a fan-out destination's message went to (``store.fan_out``); None for every one."""
 
 
 def pack_record(content: RecordContent, finished_at: datetime, codes: Mapping[str, int]) -> bytes:
@@ -97,6 +99,8 @@ def pack_record(content: RecordContent, finished_at: datetime, codes: Mapping[st
         [[finished - (epoch_ms(a.attempted_at) or 0), codes[a.url], a.status_code, a.error, round(a.latency_ms, 1),
           a.outcome, *([a.response] if a.response else [])] for a in content.tries],
         content.body is not None,
+        # Only a fan-out destination's records carry it: a replay puts the message back for that endpoint alone.
+        *([content.endpoint] if content.endpoint else []),
     ]
     compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, _PRESET)
     data = orjson.dumps(header) + b"\n" + (content.body or b"")
@@ -126,7 +130,8 @@ class PackedRecord:
         self, message: int, finished_at: datetime, source: str | None, names: Mapping[int, str]
     ) -> RecordContent:
         """The record as ``pack_record`` took it; ``message`` is the kept message's id, which its attempts name."""
-        (_version, message_type, message_id, user_id, reason, attempts, created, first, tries, has_body) = self.header
+        (_version, message_type, message_id, user_id, reason, attempts, created, first, tries, has_body,
+         *endpoint) = self.header
         finished = epoch_ms(finished_at) or 0
         return RecordContent(
             message_type=message_type, source=source, message_id=message_id, user_id=user_id, reason=reason,
@@ -136,4 +141,5 @@ class PackedRecord:
             tries=[Attempt(message, from_epoch_ms(finished - before) or datetime.min, names.get(code, "?"), status,
                            error, latency, outcome, response[0] if response else None)
                    for before, code, status, error, latency, outcome, *response in tries],
+            endpoint=endpoint[0] if endpoint else None,
         )

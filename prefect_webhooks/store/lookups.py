@@ -43,6 +43,8 @@ class StoredMessage:
         at: When it got its outcome; for a pending message, when it is next due.
         body: The body sent (None once a deletion request purged it).
         tries: Every attempt, oldest first.
+        endpoint: The key of the one endpoint it goes to (a fan-out destination's message: ``store.fan_out``); None
+            when it goes to every endpoint of its destination.
     """
 
     id: int
@@ -59,6 +61,7 @@ class StoredMessage:
     at: datetime
     body: bytes | None
     tries: list[Attempt] = field(default_factory=list)
+    endpoint: str | None = None
 
     @property
     def position(self) -> tuple[datetime, int]:
@@ -126,7 +129,8 @@ def find_messages(connection: Connection, query: MessageQuery | None = None, *, 
         found += [
             StoredMessage(m.id, m.destination, m.content.source, m.content.message_type, m.content.message_id,
                           m.content.user_id, m.state, m.content.reason, m.content.attempts, m.content.created_at,
-                          m.content.first_attempt_at, m.finished_at, m.content.body, m.content.tries)
+                          m.content.first_attempt_at, m.finished_at, m.content.body, m.content.tries,
+                          m.content.endpoint)
             for m in find_kept(connection, ids=query.ids, message_id=query.message_id, user_id=query.user_id,
                                destination=query.destination, states=finished or None, since=since,
                                until=kept_until, limit=kept_limit)]
@@ -166,7 +170,7 @@ def _queued(
             tries.setdefault(attempt[0], []).append(Attempt(*attempt))
     return [StoredMessage(row.id, row.destination, row.source, row.message_type, row.message_id, row.user_id,
                           row.state, row.reason, row.attempts, row.created_at, row.first_attempt_at,
-                          row.next_attempt_at, row.body, tries.get(row.id, [])) for row in rows]
+                          row.next_attempt_at, row.body, tries.get(row.id, []), row.endpoint) for row in rows]
 
 
 def time_text(value: datetime | None) -> str:
@@ -185,6 +189,7 @@ def message_document(message: StoredMessage) -> dict[str, Any]:
         "first_attempt_at": time_text(message.first_attempt_at),
         ("next_attempt_at" if message.state == PENDING else "finished_at"): time_text(message.at),
         "body": None if message.body is None else orjson.loads(message.body),
+        "endpoint": message.endpoint,
         # display_url again: attempts recorded before attempt records dropped a URL's query and credentials.
         "tries": [{"attempted_at": time_text(attempt.attempted_at), "url": display_url(attempt.url),
                    "status_code": attempt.status_code, "latency_ms": round(attempt.latency_ms, 1),

@@ -118,7 +118,8 @@ class Leaving:
 
 
 _QUEUED_COLUMNS = (OUTBOX.c.id, OUTBOX.c.destination, OUTBOX.c.source, OUTBOX.c.message_type, OUTBOX.c.message_id,
-                   OUTBOX.c.user_id, OUTBOX.c.body, OUTBOX.c.created_at, OUTBOX.c.attempts, OUTBOX.c.first_attempt_at)
+                   OUTBOX.c.user_id, OUTBOX.c.body, OUTBOX.c.created_at, OUTBOX.c.attempts, OUTBOX.c.first_attempt_at,
+                   OUTBOX.c.endpoint)
 # An attempt's columns in ``Attempt``'s order.
 ATTEMPT_COLUMNS = (ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code,
                    ATTEMPTS.c.error, ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome, ATTEMPTS.c.response)
@@ -185,7 +186,8 @@ def move_to_log(
                      | {attempt.url for attempts in tries.values() for attempt in attempts})
     rows_by_partition: dict[str, list[dict[str, Any]]] = {}
     counts: dict[tuple[str, str], int] = {}
-    for outbox_id, destination, source, message_type, message_id, user_id, body, created_at, attempts, first in queued:
+    for (outbox_id, destination, source, message_type, message_id, user_id, body, created_at, attempts, first,
+         endpoint) in queued:
         outcome = by_id[outbox_id]
         partition = partitions[KIND_OF_STATE[outcome.state], outcome.finished_at]
         purge = outcome.purge
@@ -195,7 +197,7 @@ def move_to_log(
             attempts=attempts if outcome.attempts is None else outcome.attempts, created_at=read_store_time(created_at),
             first_attempt_at=read_store_time(first) if outcome.attempts is None else outcome.first_attempt_at,
             body=None if purge or body is None else bytes(body),
-            tries=sorted(tries.get(outbox_id, []), key=lambda attempt: attempt.attempted_at),
+            tries=sorted(tries.get(outbox_id, []), key=lambda attempt: attempt.attempted_at), endpoint=endpoint,
         )
         rows_by_partition.setdefault(partition.name, []).append({
             "id": outbox_id, "destination_id": names[destination], "state": STATE_CODES[outcome.state],

@@ -28,13 +28,19 @@ _EARLIER = aliased(OUTBOX, name="earlier")
 
 
 def _has_earlier_pending() -> Any:
-    """True for an outbox row with an earlier pending row of the same destination and user."""
+    """True for an outbox row with an earlier pending row of the same destination and user that it waits for.
+
+    A row bound to one endpoint of a fan-out destination (``store.fan_out``) waits for the user's earlier rows of
+    that endpoint and for earlier messages not split yet; a row not bound waits for earlier rows not bound. So each
+    endpoint keeps the user's order, and one endpoint down holds back only its own rows.
+    """
     return exists().where(
         _EARLIER.c.destination == OUTBOX.c.destination,
         _EARLIER.c.user_id == OUTBOX.c.user_id,
         _EARLIER.c.state == PENDING,
         _EARLIER.c.user_id.is_not(None),
         _EARLIER.c.id < OUTBOX.c.id,
+        or_(_EARLIER.c.endpoint.is_(None), _EARLIER.c.endpoint == OUTBOX.c.endpoint),
     )
 
 

@@ -110,6 +110,8 @@ class Claimed:
     next_attempt_at: datetime
     reason: str | None = None
     created_at: datetime | None = None
+    endpoint: str | None = None
+    """The key of the one endpoint it goes to (``store.fan_out``); every endpoint of its destination when None."""
 
 
 # What a claim reads of each row, in the order ``to_claimed`` takes them.
@@ -122,12 +124,13 @@ CLAIMED_COLUMNS = (
     OUTBOX.c.next_attempt_at,
     OUTBOX.c.reason,
     OUTBOX.c.created_at,
+    OUTBOX.c.endpoint,
 )
 
 
 def to_claimed(row: Any) -> Claimed:
     """The claim of a row read with ``CLAIMED_COLUMNS``."""
-    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6], row[7])
+    return Claimed(row[0], row[1], bytes(row[2] or b""), row[3], row[4], row[5], row[6], row[7], row[8])
 
 
 def claim_due_deliveries(

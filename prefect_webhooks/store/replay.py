@@ -126,7 +126,8 @@ def put_back(connection: Connection, partition: Partition | str, messages: Seque
     insert_rows(connection, OUTBOX, [
         {"id": m.id, "destination": m.destination, "source": m.content.source, "message_type": m.content.message_type,
          "message_id": m.content.message_id, "user_id": m.content.user_id, "body": m.content.body, "state": PENDING,
-         "attempts": 0, "created_at": m.content.created_at, "next_attempt_at": now} for m in back])
+         "attempts": 0, "created_at": m.content.created_at, "next_attempt_at": now, "endpoint": m.content.endpoint}
+        for m in back])
     insert_rows(connection, ATTEMPTS, attempt_rows(attempt for message in back for attempt in message.content.tries))
     return len(back)
 

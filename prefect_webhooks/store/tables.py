@@ -63,6 +63,9 @@ class OutboxMessage(SQLModel, table=True):
     )
     lease_owner: str | None = Field(default=None, max_length=64)
     lease_expires_at: NaiveDatetime | None = None
+    endpoint: str | None = Field(default=None, max_length=32, description=(
+        "The one endpoint (its key) this row goes to, for a destination that delivers to each endpoint; every "
+        "endpoint of the destination when unset (``delivery.fan_out``)."))
 
 
 class EndpointState(SQLModel, table=True):

@@ -74,3 +74,22 @@ def test_preview_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureF
     (tmp_path / "ok.json").write_text(json.dumps(MESSAGE))
     assert main(["preview", f"missing-{uuid.uuid4().hex[:8]}", "--message", str(tmp_path / "ok.json")]) == 1
     assert "no WebhookDestination block named 'missing-" in capsys.readouterr().err
+
+
+def test_a_disabled_endpoint_is_previewed_and_a_bound_message_shows_its_one_endpoint() -> None:
+    from prefect_webhooks.delivery.preview import preview_requests, stored_message_requests
+    from prefect_webhooks.store.endpoint_states import url_key
+
+    block = WebhookDestination(
+        endpoints=[{"url": "https://one.example.com/in"}, {"url": "https://two.example.com/in"}], each_endpoint=True,
+        disabled_endpoints=[{"position": 1, "reason": "maintenance", "disabled_at": "2026-11-27T00:00:00Z"}])
+    # Both endpoints, in the block's order, the disabled one included: enabled again, it gets these.
+    assert [(shown.endpoint, shown.url) for shown in preview_requests(block, [MESSAGE])] == [
+        (1, "https://one.example.com/in"), (2, "https://two.example.com/in")]
+    # A fan-out message bound to endpoint 2 makes one request, to it; one bound to a removed endpoint makes none.
+    body = serialize(MESSAGE)
+    (shown,) = stored_message_requests(block, body, 7, "a1b2c3d4e5f6", url_key("https://two.example.com/in"))
+    assert shown.startswith("POST https://two.example.com/in  (endpoint 2)")
+    assert "msg_a1b2c3d4e5f6_7" in shown
+    assert stored_message_requests(block, body, 7, "a1b2c3d4e5f6", "0" * 32) == [
+        "(the endpoint this message was bound to is no longer in its destination block: no request is made)"]

@@ -30,6 +30,7 @@ INTERNAL_STEPS = {
     "prefect_webhooks.blocks.secret_length.saved_short_secret_warnings": "the status command (asyncio.run)",
     "prefect_webhooks.delivery.lifecycle.fail_where_all_disabled": "process_batch, through before_sending",
     "prefect_webhooks.delivery.batch.process_batch": "deliver_due",
+    "prefect_webhooks.delivery.fan_out.bind_to_endpoints": "process_batch (a destination with each_endpoint)",
     "prefect_webhooks.delivery.batching.hold_for_batch_wait": "process_batch (a destination with batch_wait)",
     "prefect_webhooks.delivery.batching.send_batched": "process_batch (a destination with batch_size)",
     "prefect_webhooks.delivery.task.deliver_batches": "the deliver flow's task",

@@ -15,6 +15,7 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
+from prefect_webhooks.store.endpoint_counters import endpoint_totals
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.fan_out import split_by_endpoint
 from prefect_webhooks.store.ordering import set_ordered
@@ -95,6 +96,12 @@ async def test_each_endpoint_gets_every_message_once_while_the_other_is_down(qui
     retried = [row for row in kept if display_url(flaky.url) in urls[row.id]]
     assert all(row.attempts >= 2 for row in retried)
     assert all(row.attempts == 1 for row in kept if row not in retried)
+    # Each endpoint's counters: 30 delivered requests each, and the refused ones on the flaky endpoint only.
+    with get_engine().connect() as connection:
+        totals = {totals.url: totals.requests for totals in endpoint_totals(connection)}
+    assert totals[display_url(healthy.url)] == {("delivered", "2xx"): 30}
+    assert totals[display_url(flaky.url)][("delivered", "2xx")] == 30
+    assert totals[display_url(flaky.url)][("retry", "5xx")] == len(flaky.requests) - 30
 
 
 async def test_an_ordered_fan_out_destination_keeps_each_endpoints_order_and_one_does_not_wait_for_the_other(

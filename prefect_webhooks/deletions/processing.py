@@ -48,14 +48,8 @@ from prefect_webhooks.messages.payloads import delete_payload
 from prefect_webhooks.messages.timestamps import utcnow
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.message_log import (
-    Leaving,
-    find_kept,
-    forget_pruned_sources,
-    move_to_log,
-    pruned_sources,
-    purge_kept,
-)
+from prefect_webhooks.store.kept_purges import forget_pruned_sources, pruned_sources, purge_kept
+from prefect_webhooks.store.message_log import Leaving, find_kept, move_to_log
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
 from prefect_webhooks.store.tables import (
     AudienceState,

@@ -11,7 +11,7 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.message_log import purge_kept
+from prefect_webhooks.store.kept_purges import purge_kept
 from prefect_webhooks.store.outbox import enqueue
 from prefect_webhooks.store.replay import RESENT, resend_messages
 from tests.receivers import Receiver

@@ -78,14 +78,18 @@ class ResolvedDestination:
         """What a batch groups messages by: the destination, and the endpoint a row is bound to."""
         return self.name, self.only
 
+    def listed(self) -> list[Endpoint]:
+        """Every endpoint the block lists, disabled ones included, in the block's order."""
+        return sorted((*self.endpoints, *self.disabled), key=lambda endpoint: endpoint.position)
+
     def endpoint_keys(self) -> list[str]:
         """The keys of every endpoint the block lists, disabled ones included, in the block's order."""
-        return [endpoint.key for endpoint in sorted((*self.endpoints, *self.disabled), key=lambda e: e.position)]
+        return [endpoint.key for endpoint in self.listed()]
 
     def narrowed(self, key: str) -> ResolvedDestination | None:
         """This destination with only the endpoint ``key`` (enabled or disabled), or None when the block no longer
         lists it."""
-        if not any(endpoint.key == key for endpoint in (*self.endpoints, *self.disabled)):
+        if key not in self.endpoint_keys():
             return None
         return replace(self, endpoints=tuple(e for e in self.endpoints if e.key == key),
                        disabled=tuple(e for e in self.disabled if e.key == key), only=key)

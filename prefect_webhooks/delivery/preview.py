@@ -83,8 +83,7 @@ def preview_requests(
     numbers = numbers if numbers is not None else range(1, len(messages) + 1)
     bodies = [(number, serialize(message)) for number, message in zip(numbers, messages, strict=True)]
     previews = []
-    listed = sorted((*destination.endpoints, *destination.disabled), key=lambda endpoint: endpoint.position)
-    for position, (saved, endpoint) in enumerate(zip(block.endpoints, listed, strict=True), start=1):
+    for position, (saved, endpoint) in enumerate(zip(block.endpoints, destination.listed(), strict=True), start=1):
         if only is not None and endpoint.key != only:
             continue
         if destination.batching is None:

@@ -50,7 +50,7 @@ def split_by_endpoint(
         return {}
     until = store_now() + timedelta(seconds=lease_seconds)
     split: dict[int, list[Claimed]] = {}
-    copies: list[dict[str, Any]] = []
+    copies: list[tuple[int, dict[str, Any]]] = []  # (the row it is split from, the copy's values)
     with engine.begin() as connection:
         for first_key in sorted({keys[0] for keys in keys_of.values()}):
             ids = sorted(row_id for row_id, keys in keys_of.items() if keys[0] == first_key)
@@ -64,14 +64,14 @@ def split_by_endpoint(
             for row in bound:
                 split[row[0]] = [to_claimed(row)]
                 copied = dict(zip(_COPIED, row[len(CLAIMED_COLUMNS):], strict=True))
-                copies.extend({**copied, "endpoint": key, "state": PENDING, "attempts": 0, "lease_owner": owner,
-                               "lease_expires_at": until, "split_from": row[0]}
+                copies.extend((row[0], {**copied, "endpoint": key, "state": PENDING, "attempts": 0,
+                                        "lease_owner": owner, "lease_expires_at": until})
                               for key in keys_of[row[0]][1:])
         # In the messages' order, so each endpoint's copies of one user's messages keep their order by id.
-        copies.sort(key=lambda copy: copy["split_from"])
+        copies.sort(key=lambda copy: copy[0])
         if copies:
             made = connection.execute(OUTBOX.insert().returning(*CLAIMED_COLUMNS, sort_by_parameter_order=True),
-                                      [{k: v for k, v in copy.items() if k != "split_from"} for copy in copies])
-            for copy, row in zip(copies, made.all(), strict=True):
-                split[copy["split_from"]].append(to_claimed(row))
+                                      [values for _, values in copies])
+            for (split_from, _), row in zip(copies, made.all(), strict=True):
+                split[split_from].append(to_claimed(row))
     return split

@@ -3,6 +3,7 @@
 Usage:
     python bench/bench_message_log.py --kept 1000000            # build, measure, compare in one run
     python bench/bench_message_log.py --build-only --kept 5000000 --store sqlite:////tmp/aged.db
+    python bench/bench_message_log.py --kept 0 --store sqlite:////tmp/aged.db --rounds 0   # measure it as it is
 
 ``--build-only`` is the documented way to give a store realistic history fast: ``--kept`` messages with random
 messageIds and users, the seed's body shapes (track, identify, page), one attempt each (3 % a 503 first, 1 % failed
@@ -321,12 +322,13 @@ def quantile(values: list[float], fraction: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kept", type=int, default=1_000_000, help="messages of history to build")
+    parser.add_argument("--kept", type=int, default=1_000_000,
+                        help="messages of history to build; 0 measures the --store given as it is")
     parser.add_argument("--store", default="", help="the aged store's URL (default: a scratch SQLite file)")
     parser.add_argument("--build-only", action="store_true", help="build the history and stop")
     parser.add_argument("--hot-messages", type=int, default=20_000, help="messages through the hot path per store")
     parser.add_argument("--probes", type=int, default=200, help="lookups of each kind")
-    parser.add_argument("--rounds", type=int, default=3, help="hot-path runs per store")
+    parser.add_argument("--rounds", type=int, default=3, help="hot-path runs per store (0: no hot-path runs)")
     parser.add_argument("--hot-path-only", metavar="STORE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hot_path_only:
@@ -347,22 +349,24 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
     """Build the history, then print its size, lookups, console pages and hot path beside their references."""
     aged = args.store or f"sqlite:///{scratch / 'aged.db'}"
     os.environ.setdefault("PREFECT_WEBHOOKS_HOME", str(scratch))
-    seconds = build_history(aged, args.kept)
-    print(f"built {args.kept:,} kept messages in {seconds:.1f} s ({args.kept / seconds:,.0f}/s) into {aged}")
+    kept = args.kept
+    if kept:
+        seconds = build_history(aged, kept)
+        print(f"built {kept:,} kept messages in {seconds:.1f} s ({kept / seconds:,.0f}/s) into {aged}")
     if args.build_only:
         return 0
     if aged.startswith("sqlite"):
-        per_message, count = log_bytes(aged)
-        reference = old_layout_bytes(min(args.kept, 200_000))
-        print(f"log size: {per_message:.0f} B per kept message, indexes included ({count:,} kept); "
+        per_message, kept = log_bytes(aged)  # with --kept 0, a store aged before is measured as it is
+        reference = old_layout_bytes(min(kept, 200_000))
+        print(f"log size: {per_message:.0f} B per kept message, indexes included ({kept:,} kept); "
               f"reference, the previous release's layout, same history shapes: {reference:.0f} B")
     for name, values in lookup_times(aged, args.probes).items():
         print(f"lookup by {name}: p50 {statistics.median(values):.2f} ms, p99 {quantile(values, 0.99):.2f} ms "
-              f"({len(values)} probes, {args.kept:,} kept)")
+              f"({len(values)} probes, {kept:,} kept)")
     for name, values in console_times(aged, max(args.probes // 10, 2)).items():
         print(f"console page {name}: p50 {statistics.median(values):.1f} ms, max {max(values):.1f} ms "
-              f"({len(values)} probes, {args.kept:,} kept; the target is 200 ms)")
-    if aged.startswith("sqlite"):
+              f"({len(values)} probes, {kept:,} kept; the target is 200 ms)")
+    if aged.startswith("sqlite") and args.rounds:
         stores = {"new": f"sqlite:///{scratch / 'new.db'}", "tail": tail_only_copy(aged, scratch / "tail.db"),
                   "aged": aged}
         # Each run in a process of its own, the stores in turn: a process that built the history, or ran first, is
@@ -375,7 +379,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
                 rates[name].append(float(answer.stdout.strip().splitlines()[-1]))
         median = {name: statistics.median(values) for name, values in rates.items()}
         print(f"hot path (enqueue, claim, record delivered), {args.hot_messages:,} messages, median of {args.rounds} "
-              f"runs each: nothing kept, same newest partition {median['tail']:,.0f}/s; with {args.kept:,} kept "
+              f"runs each: nothing kept, same newest partition {median['tail']:,.0f}/s; with {kept:,} kept "
               f"{median['aged']:,.0f}/s ({median['aged'] / median['tail']:.0%}); a brand-new store (empty newest "
               f"partition) {median['new']:,.0f}/s; runs {({k: [round(v) for v in vs] for k, vs in rates.items()})}")
     return 0

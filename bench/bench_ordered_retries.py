@@ -39,6 +39,8 @@ class FlakyReceiver:
         self.delivered: dict[tuple[str, int], float] = {}
         self.out_of_order = 0
         self.refused: dict[str, int] = {}
+        self.refused_at: dict[tuple[str, int], float] = {}
+        self.first_request: dict[str, float] = {}
         self.last_seq: dict[str, int] = {}
         self.url = ""
         self._ready = threading.Event()
@@ -60,9 +62,11 @@ class FlakyReceiver:
             message = orjson.loads(body)
             user, seq = message["userId"], message["properties"]["seq"]
             key = f"{user}:{seq}".encode()
+            self.first_request.setdefault(user, time.monotonic())
             if key not in self.seen and zlib.crc32(key) % 1000 < self.share * 1000:
                 self.seen.add(key)
                 self.refused[user] = self.refused.get(user, 0) + 1
+                self.refused_at[user, seq] = time.monotonic()
                 return web.Response(status=503)
             self.seen.add(key)
             if (user, seq) not in self.delivered:
@@ -85,9 +89,9 @@ class FlakyReceiver:
 
 
 async def drain(folder: Path, name: str, ordered: bool, users: int, per_user: int, share: float,
-                limit: float) -> tuple[float | None, int, int, int]:
-    """One run: seconds to deliver every message (None: not within ``limit``), how many arrived, out of order, and
-    the most first attempts refused to one user."""
+                limit: float) -> tuple[float | None, int, int, int, str]:
+    """One run: seconds to deliver every message (None: not within ``limit``), how many arrived, out of order, the
+    most first attempts refused to one user, and that user's timeline (its floor)."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.flows.deliver import deliver
     from prefect_webhooks.settings import get_settings
@@ -103,7 +107,8 @@ async def drain(folder: Path, name: str, ordered: bool, users: int, per_user: in
                             "timestamp": "2026-01-01T00:00:00.000Z", "properties": {"seq": seq}}
                            for user in range(users)])
         started = time.monotonic()
-        running = asyncio.ensure_future(deliver(destination=name, run_for_seconds=limit, idle_sleep=0.05))
+        # The flow's own idle spacing between claims, as ``serve`` runs it (0.3 s).
+        running = asyncio.ensure_future(deliver(destination=name, run_for_seconds=limit))
         while len(receiver.delivered) < total and not running.done():
             await asyncio.sleep(0.05)
         drained = max(receiver.delivered.values()) - started if len(receiver.delivered) == total else None
@@ -111,7 +116,22 @@ async def drain(folder: Path, name: str, ordered: bool, users: int, per_user: in
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
-        return drained, len(receiver.delivered), receiver.out_of_order, max(receiver.refused.values(), default=0)
+        return (drained, len(receiver.delivered), receiver.out_of_order, max(receiver.refused.values(), default=0),
+                unluckiest_timeline(receiver, started))
+
+
+def unluckiest_timeline(receiver: FlakyReceiver, started: float) -> str:
+    """When the user with the most refused first attempts was first sent to, how long its retries waited (each from
+    its 503 to its 200: the backoff as drawn, and how late the claim came), and when its last message arrived."""
+    if not receiver.refused:
+        return "no first attempt refused"
+    user = max(receiver.refused, key=lambda name: receiver.refused[name])
+    waits = [receiver.delivered[key] - at for key, at in receiver.refused_at.items() if key[0] == user
+             and key in receiver.delivered]
+    last = max(at for (name, _), at in receiver.delivered.items() if name == user)
+    return (f"{user}: first request at {receiver.first_request[user] - started:.2f} s, {len(waits)} retries waited "
+            f"{sum(waits):.2f} s in all ({', '.join(f'{wait:.2f}' for wait in waits)} s), last message at "
+            f"{last - started:.2f} s")
 
 
 def main() -> int:
@@ -133,13 +153,15 @@ def main() -> int:
         for round_number in range(args.rounds):
             for ordered in (False, True):
                 label = "ordered" if ordered else "unordered"
-                drained, arrived, disorder, most_refused = asyncio.run(drain(
+                drained, arrived, disorder, most_refused, timeline = asyncio.run(drain(
                     Path(folder), f"{label}-{round_number}", ordered, args.users, args.per_user, args.fail_share,
                     args.limit))
                 shown = f"{drained:.1f} s" if drained is not None else f"not drained in {args.limit:g} s"
                 print(f"{label:9s} run {round_number + 1}: {args.users * args.per_user:,} messages of {args.users} "
                       f"users, ~{args.fail_share:.0%} of first attempts 503: {shown} ({arrived:,} delivered, "
                       f"{disorder} out of a user's order)")
+                if ordered:
+                    print(f"          the unluckiest user, {timeline}")
                 if drained is not None:
                     times[ordered].append(drained)
     # A user's messages go one after another: each refused first attempt makes the user's later ones wait for its

@@ -156,8 +156,12 @@ def postgres_server() -> str:
     return server
 
 
+_made_databases: list[tuple[str, str]] = []
+"""(server URL, database name) of each database this session made: dropped when it ends."""
+
+
 def _fresh_postgres_database(server_url: str) -> str:
-    """A new empty database on the test PostgreSQL server; returns its URL."""
+    """A new empty database on the test PostgreSQL server; returns its URL (dropped when the session ends)."""
     import uuid
 
     import psycopg
@@ -165,7 +169,23 @@ def _fresh_postgres_database(server_url: str) -> str:
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_url, autocommit=True) as connection:
         connection.execute(f'CREATE DATABASE "{name}"')
+    _made_databases.append((server_url, name))
     return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def drop_made_databases() -> Iterator[None]:
+    """Each session drops the databases it made: a developer's server does not fill its disk run after run."""
+    yield
+    if not _made_databases:
+        return
+    import psycopg
+
+    dispose_engines()
+    for server_url, name in _made_databases:
+        # A server a fault test started and stopped is gone, and its databases with it.
+        with suppress(psycopg.Error), psycopg.connect(server_url, autocommit=True, connect_timeout=5) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

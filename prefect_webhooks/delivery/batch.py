@@ -199,6 +199,8 @@ async def process_batch(
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
                                                       finished + timedelta(seconds=settings.delivery.retry_base_delay)))
     await store_call(settings, record_outcomes, engine, writes.records)
+    context.retry_wakeups.note(entry.next_attempt_at for entry in writes.records.rescheduled
+                               if entry.lease_owner is None)
     if unsent:
         await store_call(settings, release_leases, engine, unsent, context.owner)
     await after_sending([*ready, *batched], [*results_by_row, *batched_results], context)

@@ -133,8 +133,14 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
     in_flight: set[asyncio.Task[Any]] = set()
     claimed_batches = 0
     next_claim_at = 0.0
+    claimed_at = 0.0
     exhausted = False
     while True:
+        if keeps_delivering:
+            # A retry this process scheduled is claimed when due, not at the next idle tick.
+            due = context.retry_wakeups.first_after(claimed_at)
+            if due is not None and due < next_claim_at:
+                next_claim_at = due
         # In a delivery worker only the worker ends a shift (a handover): a run whose successor cannot start, the
         # Prefect API being down, goes on delivering.
         out_of_time = (shift.handed_over.is_set() if shift is not None
@@ -148,6 +154,7 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
             await _follow_circuits(context)
         while (not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1)
                and time.monotonic() >= next_claim_at):
+            claimed_at = time.monotonic()
             try:
                 rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
                                         options.destination, lease_seconds=context.settings.delivery.lease_seconds,

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.retry_wakeups import RetryWakeups
 from prefect_webhooks.delivery.sender import Sender
 from prefect_webhooks.delivery.shared_state import SharedState
 from prefect_webhooks.delivery.stats import DeliveryStats
@@ -67,6 +68,8 @@ class DeliveryContext:
         """``msg_<store key>_``: message ids are this plus the outbox id (read from the store once)."""
         self.shared = SharedState(engine)
         """Endpoint states and ordered destinations as this process last read them from the store."""
+        self.retry_wakeups = RetryWakeups()
+        """When the retries this process scheduled fall due: the claim loop claims them then."""
 
     def __repr__(self) -> str:
         return f"DeliveryContext(owner={self.owner!r})"

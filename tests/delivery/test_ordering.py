@@ -5,6 +5,7 @@ the order they were accepted (SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter, defaultdict
 
 import orjson
@@ -111,3 +112,32 @@ def test_each_users_messages_arrive_in_order_through_retries_and_two_workers(bac
     for user, seqs in sent.items():
         assert seqs == sorted(seqs), (user, seqs)
         assert sorted(set(seqs)) == list(range(PER_USER))
+
+
+async def test_a_retry_is_claimed_when_due_not_at_the_next_idle_claim(quick_retries: str) -> None:
+    # Three of the user's messages are refused once: their retries come one after another, each when its backoff
+    # (0.2 s) says, although the loop's idle spacing between claims is 2 s.
+    refused: dict[int, float] = {}
+
+    def refuse_odd_seqs_once(body: bytes) -> int | None:
+        seq = orjson.loads(body)["properties"]["seq"]
+        if seq % 2 and seq not in refused:
+            refused[seq] = time.time()
+            return 503
+        return None
+
+    with Receiver(answer_for=refuse_odd_seqs_once) as receiver:
+        enqueue("ordered", [{"type": "track", "userId": "a", "event": "E", "properties": {"seq": seq}}
+                            for seq in range(6)])
+        set_ordered(get_engine(), "ordered", True)
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender)
+            context.destinations.remember("ordered", WebhookDestination(
+                endpoints=[{"url": receiver.url}], ordered=True))
+            await deliver_due(DeliveryOptions(run_for_seconds=2.5, idle_sleep=2.0), context=context)
+        arrivals = [(orjson.loads(request.body)["properties"]["seq"], request.at) for request in receiver.requests]
+    assert [seq for seq, _ in arrivals] == [0, 1, 1, 2, 3, 3, 4, 5, 5], arrivals
+    retried_at = {seq: at for seq, at in arrivals if seq in refused}  # the last request of each refused seq
+    gaps = {seq: retried_at[seq] - refused[seq] for seq in refused}
+    assert all(0.15 <= gap < 1.0 for gap in gaps.values()), gaps
+    assert Counter(message.state for message in every_message()) == {DELIVERED: 6}

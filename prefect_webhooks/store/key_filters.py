@@ -26,9 +26,19 @@ class Probe:
     """Keys as a filter tests them: their two 64-bit halves, and their bit positions per filter size (a call's
     filters mostly share a size, so the positions are worked out once for all of them)."""
 
-    def __init__(self, keys: Sequence[bytes]) -> None:
+    def __init__(self, keys: Sequence[bytes] = ()) -> None:
         self.halves = np.frombuffer(b"".join(keys), dtype="<u8").reshape(-1, 2)
         self._positions: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+    @classmethod
+    def of_numbers(cls, numbers: Sequence[int]) -> Probe:
+        """Keys that are already 64-bit hashes (signed): the second half is mixed from the first (splitmix64)."""
+        probe = cls()
+        first = np.array(numbers, dtype=np.int64).view(np.uint64)
+        second = (first ^ (first >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        second = (second ^ (second >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        probe.halves = np.stack([first, second ^ (second >> np.uint64(31))], axis=1)
+        return probe
 
     def positions(self, size: int, hashes: int) -> tuple[Any, Any]:
         """Per key and hash: the byte of the filter and the bit in it (double hashing; ``size`` a power of two)."""
@@ -51,10 +61,16 @@ class KeyFilter:
 
     @classmethod
     def of_keys(cls, keys: Sequence[bytes]) -> KeyFilter:
-        size = 1 << max(9, (len(keys) * BITS_PER_ID - 1).bit_length())
+        return cls.of_probe(Probe(keys))
+
+    @classmethod
+    def of_probe(cls, probe: Probe) -> KeyFilter:
+        """The filter over the keys of ``probe``."""
+        count = len(probe.halves)
+        size = 1 << max(9, (count * BITS_PER_ID - 1).bit_length())
         marked = np.zeros(size, dtype=bool)
-        if keys:
-            byte, bit = Probe(keys).positions(size, HASHES)
+        if count:
+            byte, bit = probe.positions(size, HASHES)
             marked[(byte.astype(np.int64) * 8 + bit).ravel()] = True
         return cls(np.packbits(marked, bitorder="little"))
 

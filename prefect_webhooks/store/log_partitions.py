@@ -40,9 +40,10 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.tables import LogPartition, UserSourceKey, dialect_insert, store_now
+from prefect_webhooks.store.tables import LogPartition, LogPartitionSeal, UserSourceKey, dialect_insert, store_now
 
 PARTITIONS = LogPartition.__table__
+SEALS = LogPartitionSeal.__table__
 USER_SOURCE_KEYS = UserSourceKey.__table__
 
 # Which partitions a finished state goes to: the kinds have their own retention.
@@ -178,13 +179,14 @@ def partitions_for(connection: Connection, wanted: Iterable[tuple[str, datetime]
 
 
 def _unseal(connection: Connection, names: set[str]) -> None:
-    """Forget the count of sealed partitions that get messages again (a store upgraded in place, history built for
-    a benchmark): the next ``kept_counts`` counts them anew."""
+    """Forget the count and filters of sealed partitions that get messages again (a store upgraded in place, history
+    built for a benchmark): the next ``kept_counts`` counts them anew, lookups read them whole until the next seal."""
     sealed_before = store_now() - SEALED_AFTER
     old = [name for name in names if _end_of(name) < sealed_before]
     if old:
         connection.execute(update(PARTITIONS).where(PARTITIONS.c.name.in_(old), PARTITIONS.c.messages.is_not(None))
                            .values(messages=None))
+        connection.execute(delete(SEALS).where(SEALS.c.name.in_(old)))
 
 
 def _end_of(name: str) -> datetime:
@@ -311,6 +313,7 @@ def drop_partition(engine: Engine, partition: Partition) -> None:
     """
     with engine.begin() as connection:
         connection.execute(delete(PARTITIONS).where(PARTITIONS.c.name == partition.name))
+        connection.execute(delete(SEALS).where(SEALS.c.name == partition.name))
     with _lock:
         for store, partitions in _recent.items():
             _recent[store] = [known for known in partitions if known.name != partition.name]

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 
 from prefect_webhooks.messages.outcomes import FAILED, Attempt
 from prefect_webhooks.store.bulk_insert import insert_rows
+from prefect_webhooks.store.log_filters import may_hold
 from prefect_webhooks.store.log_partitions import (
     KIND_OF_STATE,
     STATE_CODES,
@@ -337,8 +338,9 @@ def find_kept(
         if destination_id is None:
             return []
     kinds = {KIND_OF_STATE[state] for state in states} if states else None
-    partitions = [partition for partition in kept_partitions(connection, since=since, until=until)
-                  if kinds is None or partition.kind in kinds]
+    partitions = may_hold(connection, [partition for partition in kept_partitions(connection, since=since, until=until)
+                                       if kinds is None or partition.kind in kinds],
+                          message_id=message_id, user_id=user_id, ids=ids)
     found: list[KeptMessage] = []
     # One statement per group of partitions (SQLite's limit on a compound select is 500 terms); each term takes its
     # own newest ``limit`` rows through its index, the statement the newest of those.

@@ -36,6 +36,7 @@ from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.footprint import StoreSize, store_size
 from prefect_webhooks.store.leases import release_lease, take_lease
+from prefect_webhooks.store.log_filters import seal_log_partitions
 from prefect_webhooks.store.log_partitions import (
     KIND_OF_STATE,
     drop_partition,
@@ -209,6 +210,7 @@ def prune_store(
         for name in unlisted_periods(engine):
             drop_unlisted_period(engine, name)
         seal_periods(engine)
+        seal_log_partitions(engine)
         with engine.connect() as connection:
             expired_ids = expired_periods(connection, policy.seen_seconds, now)
             legacy = SEEN.name in inspect(connection).get_table_names()

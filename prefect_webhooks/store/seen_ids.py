@@ -33,7 +33,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, DateTime, LargeBinary, MetaData, String, Table, func, inspect, select, update
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    case,
+    func,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.schema import CreateTable
 
@@ -110,11 +123,14 @@ _memory: weakref.WeakKeyDictionary[Engine, _Memory] = weakref.WeakKeyDictionary(
 
 
 def _listed(connection: Connection, *, ending_after: datetime | None = None) -> list[Period]:
-    query = select(PERIOD_LIST.c.name, PERIOD_LIST.c.starts_at, PERIOD_LIST.c.ends_at,
-                   PERIOD_LIST.c.id_filter.is_not(None))
+    # Whether a period has its filter, as a CASE: SQLite reads a whole 2 MB blob for ``id_filter IS NOT NULL`` as a
+    # result column (23 ms a call with 50 periods, twice per ingest call), not for the CASE.
+    has_filter = case((PERIOD_LIST.c.id_filter.is_(None), 0), else_=1)
+    query = select(PERIOD_LIST.c.name, PERIOD_LIST.c.starts_at, PERIOD_LIST.c.ends_at, has_filter)
     if ending_after is not None:
         query = query.where(PERIOD_LIST.c.ends_at > ending_after)
-    return [Period(*row) for row in connection.execute(query.order_by(PERIOD_LIST.c.starts_at))]
+    return [Period(name, starts_at, ends_at, bool(sealed)) for name, starts_at, ends_at, sealed in
+            connection.execute(query.order_by(PERIOD_LIST.c.starts_at))]
 
 
 def _periods(connection: Connection, memory: _Memory, since: datetime) -> list[Period]:

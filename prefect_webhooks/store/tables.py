@@ -260,6 +260,25 @@ class LogPartition(SQLModel, table=True):
         "How many messages it holds, counted once no more can arrive (``log_partitions.kept_counts``); None before."))
 
 
+class LogPartitionSeal(SQLModel, table=True):
+    """What a sealed partition of the message log may hold (``log_filters``): the range of its message numbers and
+    Bloom filters over its messageIds and users. A row of its own, not columns of the partition's list row: SQLite
+    walks a row's whole overflow chain to read a column stored after a blob of megabytes."""
+
+    __tablename__ = "message_log_seals"
+
+    name: str = Field(primary_key=True, max_length=64)
+    messages: int = Field(sa_column=Column(BigInteger, nullable=False), description="How many messages it held.")
+    lowest_id: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True), description=(
+        "Its smallest message number; None when it held none."))
+    highest_id: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True), description=(
+        "Its largest message number; None when it held none."))
+    message_filter: bytes = Field(sa_column=Column(LargeBinary, nullable=False), description=(
+        "A Bloom filter over its messageIds' keys."))
+    user_filter: bytes = Field(sa_column=Column(LargeBinary, nullable=False), description=(
+        "A Bloom filter over its users' keys."))
+
+
 class LogName(SQLModel, table=True):
     """A destination, source or URL named by a small number in the message log's rows and records."""
 

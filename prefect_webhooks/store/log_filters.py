@@ -1,0 +1,135 @@
+"""Which partitions of the message log may hold a messageId, a user or a message number, without reading them.
+
+The log keeps a partition per kind and period, about a million messages each (``log_partitions``), so a lookup that
+read every partition's index would cost in proportion to what is kept: at 50M kept, a hundred index probes per
+messageId, most of them cold pages. Once a partition's period has ended (``SEALED_AFTER``) the pruning pass seals
+it: two Bloom filters over its rows' keys (messageIds and users, ``key_filters.KeyFilter``) and the range of its
+message numbers go into a row of ``message_log_seals``, and its count into its list row. A process that looks
+messages up holds the filters it has read, about 4 bytes per kept message, and tests a key against all of them at
+once (``FilterSet``); it reads only the partitions that may hold the key, and every partition not sealed yet. A
+partition that gets messages again after its seal (a store upgraded in place, history built for a benchmark) loses
+its filters with its count (``log_partitions._unseal``) and is read whole until the next pass seals it again.
+Retention drops a partition's seal with it.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from prefect_webhooks.store.key_filters import FilterSet, KeyFilter, Probe
+from prefect_webhooks.store.log_partitions import PARTITIONS, SEALED_AFTER, SEALS, Partition, partition_table
+from prefect_webhooks.store.log_records import text_key
+from prefect_webhooks.store.tables import dialect_insert, store_now
+
+
+def seal_log_partitions(engine: Engine, now: datetime | None = None) -> int:
+    """Build the filters, id range and count of every partition whose period ended ``SEALED_AFTER`` ago and that
+    has none; returns how many were sealed."""
+    cutoff = (now or store_now()) - SEALED_AFTER
+    with engine.connect() as connection:
+        names = connection.execute(select(PARTITIONS.c.name).where(
+            PARTITIONS.c.ends_at < cutoff, PARTITIONS.c.name.not_in(select(SEALS.c.name)))).scalars().all()
+    sealed = 0
+    for name in names:
+        table = partition_table(name)
+        message_keys, user_keys = array("q"), array("q")  # a million rows as 16 MB, not as Python tuples
+        try:
+            with engine.connect() as connection:
+                lowest, highest = connection.execute(select(func.min(table.c.id), func.max(table.c.id))).one()
+                for chunk in connection.execute(select(table.c.message_key, table.c.user_key)).partitions(50_000):
+                    for message_key, user_key in chunk:
+                        message_keys.append(message_key)
+                        if user_key is not None:
+                            user_keys.append(user_key)
+        except (OperationalError, ProgrammingError):
+            continue  # dropped by retention since the list was read
+        seal = {"name": name, "messages": len(message_keys), "lowest_id": lowest, "highest_id": highest,
+                "message_filter": KeyFilter.of_probe(Probe.of_numbers(message_keys)).to_bytes(),
+                "user_filter": KeyFilter.of_probe(Probe.of_numbers(sorted(set(user_keys)))).to_bytes()}
+        with engine.begin() as connection:
+            # Messages that reached the partition after the read above (only history written into the past does
+            # that) would be missing from its filters: then it is sealed at a later pass.
+            if connection.execute(select(func.count()).select_from(table)).scalar_one() != len(message_keys):
+                continue
+            listed = connection.execute(update(PARTITIONS).where(PARTITIONS.c.name == name)
+                                        .values(messages=len(message_keys))).rowcount
+            if listed:  # not dropped by retention meanwhile
+                connection.execute(dialect_insert(connection)(SEALS).on_conflict_do_nothing(), [seal])
+        sealed += 1
+    return sealed
+
+
+@dataclass
+class _Held:
+    """The filters this process has read, per partition name, with the count they were built at."""
+
+    messages: FilterSet = field(default_factory=FilterSet)
+    users: FilterSet = field(default_factory=FilterSet)
+    built_at: dict[str, int] = field(default_factory=dict)
+
+
+_held: dict[Engine, _Held] = {}
+_lock = threading.Lock()
+
+
+def may_hold(
+    connection: Connection,
+    partitions: Sequence[Partition],
+    *,
+    message_id: str | None = None,
+    user_id: str | None = None,
+    ids: Sequence[int] | None = None,
+) -> list[Partition]:
+    """The partitions of ``partitions`` that may hold a message with all of the keys given (in their order): the
+    sealed ones whose filters and id range do not rule it out, and every one not sealed."""
+    if message_id is None and user_id is None and not ids:
+        return list(partitions)
+    wanted = {partition.name for partition in partitions}
+    sealed = {name: (count, lowest, highest) for name, count, lowest, highest in connection.execute(
+        select(SEALS.c.name, SEALS.c.messages, SEALS.c.lowest_id, SEALS.c.highest_id)) if name in wanted}
+    ruled_out: set[str] = set()
+    if ids:
+        ruled_out |= {name for name, (_, lowest, highest) in sealed.items()
+                      if lowest is None or not any(lowest <= number <= highest for number in ids)}
+    with _lock:  # the API's threads share a process's filters
+        held = _held.setdefault(connection.engine, _Held())
+        _read_filters(connection, held, sealed)
+        for key, filters in ((message_id, held.messages), (user_id, held.users)):
+            if key is not None:
+                candidates = filters.candidates(Probe.of_numbers([text_key(key)]))
+                ruled_out |= {name for name in sealed if name in filters and name not in candidates}
+    kept = [partition for partition in partitions if partition.name not in ruled_out]
+    if message_id is None and not ids and len(kept) * 4 > len(partitions):
+        # An active user is in most partitions: a statement over a list that differs with each user compiles anew
+        # each time (70 ms over 60 partitions), where the list of every partition compiles once and reads the few
+        # partitions the filters would skip for less.
+        return list(partitions)
+    return kept
+
+
+def _read_filters(connection: Connection, held: _Held, sealed: dict[str, tuple[int, int | None, int | None]]) -> None:
+    """Bring the held filters in line with the partitions' list: read the new ones, forget the gone or rebuilt."""
+    for name in set(held.built_at) - set(sealed):
+        _forget(held, name)
+    stale = [name for name, (count, _, _) in sealed.items() if held.built_at.get(name) != count]
+    for start in range(0, len(stale), 20):
+        for name, count, messages, users in connection.execute(
+                select(SEALS.c.name, SEALS.c.messages, SEALS.c.message_filter, SEALS.c.user_filter)
+                .where(SEALS.c.name.in_(stale[start:start + 20]))):
+            held.messages.add(name, KeyFilter.from_bytes(bytes(messages)))
+            held.users.add(name, KeyFilter.from_bytes(bytes(users)))
+            held.built_at[name] = count
+
+
+def _forget(held: _Held, name: str) -> None:
+    held.messages.discard(name)
+    held.users.discard(name)
+    held.built_at.pop(name, None)

@@ -25,28 +25,28 @@ MOST_KEPT = 4096
 
 
 class RetryWakeups:
-    """Due times (monotonic seconds, on a ``GRAIN`` grid) of retries this process scheduled."""
+    """Due times of retries this process scheduled, as slots of ``GRAIN`` seconds on the monotonic clock."""
 
     def __init__(self) -> None:
-        self._due: list[float] = []
+        self._slots: list[int] = []  # a heap
         self._noted: set[int] = set()
 
     def __len__(self) -> int:
-        return len(self._due)
+        return len(self._slots)
 
     def note(self, due_times: Iterable[datetime]) -> None:
         """Remember when messages rescheduled by this process fall due (store times, UTC)."""
         now, monotonic = store_now(), time.monotonic()
         for due in due_times:
-            if len(self._due) >= MOST_KEPT:
+            if len(self._slots) >= MOST_KEPT:
                 return
             slot = math.ceil((monotonic + (due - now).total_seconds()) / GRAIN)
             if slot not in self._noted:
                 self._noted.add(slot)
-                heapq.heappush(self._due, slot * GRAIN)
+                heapq.heappush(self._slots, slot)
 
     def first_after(self, claimed_at: float) -> float | None:
         """The first due time after ``claimed_at`` (the last claim's start, which saw everything due before it)."""
-        while self._due and self._due[0] <= claimed_at:
-            self._noted.discard(round(heapq.heappop(self._due) / GRAIN))
-        return self._due[0] if self._due else None
+        while self._slots and self._slots[0] * GRAIN <= claimed_at:
+            self._noted.discard(heapq.heappop(self._slots))
+        return self._slots[0] * GRAIN if self._slots else None

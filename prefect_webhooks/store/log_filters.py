@@ -5,10 +5,10 @@ read every partition's index would cost in proportion to what is kept: at 50M ke
 messageId, most of them cold pages. Once a partition's period has ended (``SEALED_AFTER``) the pruning pass seals
 it: two Bloom filters over its rows' keys (messageIds and users, ``key_filters.KeyFilter``) and the range of its
 message numbers go into a row of ``message_log_seals``, and its count into its list row. A process that looks
-messages up holds the filters it has read, about 4 bytes per kept message, and tests a key against all of them at
-once (``FilterSet``); it reads only the partitions that may hold the key, and every partition not sealed yet. A
-partition that gets messages again after its seal (a store upgraded in place, history built for a benchmark) loses
-its filters with its count (``log_partitions._unseal``) and is read whole until the next pass seals it again.
+messages up holds the filters it has read, about 2 bytes per kept message for each kind, and tests a key against all
+of them at once (``FilterSet``); it reads only the partitions that may hold the key, and every partition not sealed
+yet. A partition that gets messages again after its seal (a store upgraded in place, history built for a benchmark)
+loses its filters with its count (``log_partitions._unseal``) and is read whole until the next pass seals it again.
 Retention drops a partition's seal with it.
 """
 
@@ -68,15 +68,30 @@ def seal_log_partitions(engine: Engine, now: datetime | None = None) -> int:
 
 
 @dataclass
-class _Held:
-    """The filters this process has read, per partition name, with the count they were built at."""
+class _HeldFilters:
+    """The filters of one column (messageIds or users) this process has read, with the count each was built at."""
 
-    messages: FilterSet = field(default_factory=FilterSet)
-    users: FilterSet = field(default_factory=FilterSet)
+    column: str
+    filters: FilterSet = field(default_factory=FilterSet)
     built_at: dict[str, int] = field(default_factory=dict)
 
+    def read(self, connection: Connection, sealed: dict[str, tuple[int, int | None, int | None]]) -> FilterSet:
+        """Bring the filters in line with the seals: read the new ones, forget the gone or rebuilt."""
+        for name in set(self.built_at) - set(sealed):
+            self.filters.discard(name)
+            del self.built_at[name]
+        stale = [name for name, (count, _, _) in sealed.items() if self.built_at.get(name) != count]
+        for start in range(0, len(stale), 20):
+            for name, count, data in connection.execute(
+                    select(SEALS.c.name, SEALS.c.messages, SEALS.c[self.column])
+                    .where(SEALS.c.name.in_(stale[start:start + 20]))):
+                self.filters.add(name, KeyFilter.from_bytes(bytes(data)))
+                self.built_at[name] = count
+        return self.filters
 
-_held: dict[Engine, _Held] = {}
+
+# Per store and column: a lookup by messageId reads only the messageId filters, one by user only the users'.
+_held: dict[tuple[Engine, str], _HeldFilters] = {}
 _lock = threading.Lock()
 
 
@@ -100,10 +115,9 @@ def may_hold(
         ruled_out |= {name for name, (_, lowest, highest) in sealed.items()
                       if lowest is None or not any(lowest <= number <= highest for number in ids)}
     with _lock:  # the API's threads share a process's filters
-        held = _held.setdefault(connection.engine, _Held())
-        _read_filters(connection, held, sealed)
-        for key, filters in ((message_id, held.messages), (user_id, held.users)):
+        for key, column in ((message_id, "message_filter"), (user_id, "user_filter")):
             if key is not None:
+                filters = _held.setdefault((connection.engine, column), _HeldFilters(column)).read(connection, sealed)
                 candidates = filters.candidates(Probe.of_numbers([text_key(key)]))
                 ruled_out |= {name for name in sealed if name in filters and name not in candidates}
     kept = [partition for partition in partitions if partition.name not in ruled_out]
@@ -113,23 +127,3 @@ def may_hold(
         # partitions the filters would skip for less.
         return list(partitions)
     return kept
-
-
-def _read_filters(connection: Connection, held: _Held, sealed: dict[str, tuple[int, int | None, int | None]]) -> None:
-    """Bring the held filters in line with the partitions' list: read the new ones, forget the gone or rebuilt."""
-    for name in set(held.built_at) - set(sealed):
-        _forget(held, name)
-    stale = [name for name, (count, _, _) in sealed.items() if held.built_at.get(name) != count]
-    for start in range(0, len(stale), 20):
-        for name, count, messages, users in connection.execute(
-                select(SEALS.c.name, SEALS.c.messages, SEALS.c.message_filter, SEALS.c.user_filter)
-                .where(SEALS.c.name.in_(stale[start:start + 20]))):
-            held.messages.add(name, KeyFilter.from_bytes(bytes(messages)))
-            held.users.add(name, KeyFilter.from_bytes(bytes(users)))
-            held.built_at[name] = count
-
-
-def _forget(held: _Held, name: str) -> None:
-    held.messages.discard(name)
-    held.users.discard(name)
-    held.built_at.pop(name, None)

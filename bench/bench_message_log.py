@@ -56,10 +56,13 @@ def body_of(kind: str, user: str, rng: random.Random) -> dict:
                            "sku": f"SKU-{rng.randrange(10_000)}", "quantity": rng.randrange(1, 5)}}
 
 
-def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, older_than: float = 0) -> float:
+def build_history(
+    url: str, kept: int, *, seed: int = 7, batch: int = 10_000, older_than: float = 0, span: float = 86400
+) -> float:
     """Write ``kept`` finished messages into the store's log (see the module); returns seconds.
 
-    ``older_than``: every message finished at least this many seconds ago (history past its retention).
+    ``older_than``: every message finished at least this many seconds ago (history past its retention). ``span``:
+    delivered messages spread over this many seconds before that (failed ones over seven times as long).
     """
     from prefect_webhooks.messages.outcomes import Attempt
     from prefect_webhooks.messages.payloads import serialize
@@ -100,7 +103,7 @@ def build_history(url: str, kept: int, *, seed: int = 7, batch: int = 10_000, ol
             failed = rng.random() < 0.01
             # In time order, as traffic comes: the periods of the log and of the remembered ids fill at the rate.
             passed = (written + offset + rng.random()) / kept
-            finished = now - timedelta(seconds=(1 - passed) * (7 * 86400 if failed else 86400))
+            finished = now - timedelta(seconds=(1 - passed) * (7 * span if failed else span))
             user = f"user-{rng.randrange(500_000)}"
             kind = rng.choices(("track", "identify", "page"), (0.7, 0.2, 0.1))[0]
             body = serialize(body_of(kind, user, rng))
@@ -326,6 +329,8 @@ def main() -> int:
                         help="messages of history to build; 0 measures the --store given as it is")
     parser.add_argument("--store", default="", help="the aged store's URL (default: a scratch SQLite file)")
     parser.add_argument("--build-only", action="store_true", help="build the history and stop")
+    parser.add_argument("--no-size", action="store_true",
+                        help="skip the size per message (it reads every page: 14+ minutes for a store of 14 GB)")
     parser.add_argument("--hot-messages", type=int, default=20_000, help="messages through the hot path per store")
     parser.add_argument("--probes", type=int, default=200, help="lookups of each kind")
     parser.add_argument("--rounds", type=int, default=3, help="hot-path runs per store (0: no hot-path runs)")
@@ -355,14 +360,16 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
         print(f"built {kept:,} kept messages in {seconds:.1f} s ({kept / seconds:,.0f}/s) into {aged}")
     if args.build_only:
         return 0
-    if aged.startswith("sqlite"):
+    if aged.startswith("sqlite") and not args.no_size:
         per_message, kept = log_bytes(aged)  # with --kept 0, a store aged before is measured as it is
         reference = old_layout_bytes(min(kept, 200_000))
         print(f"log size: {per_message:.0f} B per kept message, indexes included ({kept:,} kept); "
               f"reference, the previous release's layout, same history shapes: {reference:.0f} B")
     from prefect_webhooks.store.engines import get_engine
     from prefect_webhooks.store.log_filters import seal_log_partitions
+    from prefect_webhooks.store.log_partitions import kept_counts
 
+    kept = kept or sum(kept_counts(get_engine(aged)).values())
     began = time.perf_counter()
     sealed = seal_log_partitions(get_engine(aged))  # what the pruning pass does once per partition whose period ended
     print(f"sealed {sealed} partitions (their filters, id ranges and counts) in {time.perf_counter() - began:.1f} s",

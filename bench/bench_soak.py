@@ -161,7 +161,8 @@ class Bench:
                **{f"PREFECT_WEBHOOKS_{name.upper()}": value for name, value in settings.items()}}
         command = [sys.executable, "-m", "prefect_webhooks.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
         self.ingest_url = f"http://127.0.0.1:{port}"
-        return started(command, env=env, log=self.workdir / f"serve-{port}.log")
+        self.serve_log = self.workdir / f"serve-{port}.log"
+        return started(command, env=env, log=self.serve_log)
 
     def wait_ready(self, serve: Any) -> None:
         wait_http(f"{self.ingest_url}/health", serve, 180, "prefect-webhooks serve")
@@ -359,6 +360,14 @@ def status_times(url: str, count: int = 40) -> list[float]:
     return times
 
 
+def kept_messages(url: str) -> int:
+    """How many messages the store keeps, as ``prefect-webhooks status`` reports it."""
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.log_partitions import kept_counts
+
+    return sum(kept_counts(get_engine(url)).values())
+
+
 def bytes_per_message(store: Path, count: int) -> str:
     """The SQLite store's files per message of its history (what the synthesized rows take, indexes included)."""
     return f"; store {file_sizes(store)[0] / 1e6:,.0f} MB = {file_sizes(store)[0] / count:,.0f} B per message"
@@ -369,13 +378,18 @@ def phase_history(bench: Bench) -> bool:
     results = {}
     with ExitStack() as stack:
         postgres = stack.enter_context(Postgres(args.postgres)) if args.history_store == "postgresql" else None
-        for label, count in (("fresh store", 0), (f"{args.history:,} messages of history", args.history)):
-            url = (postgres.fresh_database() if postgres else
+        aged = (("a store aged before", -1),) if args.aged_store else ((f"{args.history:,} messages of history",
+                                                                         args.history),)
+        for label, count in (("fresh store", 0), *aged):
+            url = (args.aged_store if count < 0 else postgres.fresh_database() if postgres else
                    f"sqlite:///{bench.workdir / f'history-{uuid.uuid4().hex[:6]}.db'}")
-            seconds = synthesize_history(url, count, old=False) if count else 0.0
+            seconds = synthesize_history(url, count, old=False) if count > 0 else 0.0
+            if count < 0:
+                count = kept_messages(url)
+                label = f"{count:,} messages kept (built before the run)"
             size = bytes_per_message(Path(url.removeprefix("sqlite:///")), count) if count and not postgres else ""
-            print(f"\nhistory ({args.history_store}): {label}" + (f", synthesized in {seconds:.0f} s" if count else "")
-                  + size, flush=True)
+            built = f", synthesized in {seconds:.0f} s" if seconds else ""
+            print(f"\nhistory ({args.history_store}): {label}{built}{size}", flush=True)
             with bench.serve(url) as serve:
                 bench.wait_ready(serve)
                 bench.arrived(bench.load(args.capacity_rates[0], 10))
@@ -394,6 +408,9 @@ def phase_history(bench: Bench) -> bool:
                       f"{ms(statistics.median(status))} ms p95 {ms(quantile(status, 0.95))} ms", flush=True)
                 results[label] = capacity_steps(bench, args.capacity_rates, args.step_seconds)
                 print(f"  capacity: {results[label]:,} events/s", flush=True)
+                for line in bench.serve_log.read_text(errors="replace").splitlines():
+                    if "pruned " in line or "pruning the store" in line:
+                        print(f"  pruning pass: {line.strip()}", flush=True)
     fresh, aged = results.values()
     print(f"  with history: capacity {aged:,}/s = {aged / max(fresh, 1):.0%} of the fresh store's {fresh:,}/s "
           "(target >= 90 %)", flush=True)
@@ -409,6 +426,9 @@ def main() -> int:
     parser.add_argument("--old-rows", type=int, default=400_000)
     parser.add_argument("--history", type=int, default=5_000_000)
     parser.add_argument("--history-store", default="sqlite", choices=["sqlite", "postgresql"])
+    parser.add_argument("--aged-store", default=None,
+                        help="history phase: measure this store (built before, e.g. with bench_message_log.py "
+                             "--kept N --store URL) instead of synthesizing --history messages")
     parser.add_argument("--postgres", default=None, help="PostgreSQL server URL (default: a throwaway one)")
     parser.add_argument("--capacity-rates", type=int, nargs="+", default=[3000, 4000, 4500, 5000, 5500, 6000])
     parser.add_argument("--step-seconds", type=float, default=40.0)

@@ -62,12 +62,16 @@ def create_service_app() -> Any:
     for serving (a uvicorn ``--factory`` target)."""
     from prefect_webhooks.console import add_console_routes
     from prefect_webhooks.inbound.api import create_app
+    from prefect_webhooks.settings import get_settings
     from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.log_filters import hold_filters
     from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
     engine = get_engine()
     app = create_app(engine=engine)
     add_console_routes(app, engine)
+    if get_settings().active_admin_token() is not None:  # lookups are served: their filters are read before the first
+        threading.Thread(target=hold_filters, args=(engine,), name="hold-filters", daemon=True).start()
     tune_gc_for_serving()
     return app
 

@@ -25,14 +25,22 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from prefect_webhooks.store.key_filters import FilterSet, KeyFilter, Probe
-from prefect_webhooks.store.log_partitions import PARTITIONS, SEALED_AFTER, SEALS, Partition, partition_table
+from prefect_webhooks.store.log_partitions import (
+    PARTITIONS,
+    SEALED_AFTER,
+    SEALS,
+    Partition,
+    kept_partitions,
+    partition_table,
+)
 from prefect_webhooks.store.log_records import text_key
+from prefect_webhooks.store.pacing import Pacer, paced
 from prefect_webhooks.store.tables import dialect_insert, store_now
 
 
-def seal_log_partitions(engine: Engine, now: datetime | None = None) -> int:
+def seal_log_partitions(engine: Engine, now: datetime | None = None, pacer: Pacer | None = None) -> int:
     """Build the filters, id range and count of every partition whose period ended ``SEALED_AFTER`` ago and that
-    has none; returns how many were sealed."""
+    has none (its read and its write each a step of ``pacer``); returns how many were sealed."""
     cutoff = (now or store_now()) - SEALED_AFTER
     with engine.connect() as connection:
         names = connection.execute(select(PARTITIONS.c.name).where(
@@ -42,19 +50,19 @@ def seal_log_partitions(engine: Engine, now: datetime | None = None) -> int:
         table = partition_table(name)
         message_keys, user_keys = array("q"), array("q")  # a million rows as 16 MB, not as Python tuples
         try:
-            with engine.connect() as connection:
+            with paced(pacer), engine.connect() as connection:
                 lowest, highest = connection.execute(select(func.min(table.c.id), func.max(table.c.id))).one()
                 for chunk in connection.execute(select(table.c.message_key, table.c.user_key)).partitions(50_000):
                     for message_key, user_key in chunk:
                         message_keys.append(message_key)
                         if user_key is not None:
                             user_keys.append(user_key)
+                seal = {"name": name, "messages": len(message_keys), "lowest_id": lowest, "highest_id": highest,
+                        "message_filter": KeyFilter.of_probe(Probe.of_numbers(message_keys)).to_bytes(),
+                        "user_filter": KeyFilter.of_probe(Probe.of_numbers(sorted(set(user_keys)))).to_bytes()}
         except (OperationalError, ProgrammingError):
             continue  # dropped by retention since the list was read
-        seal = {"name": name, "messages": len(message_keys), "lowest_id": lowest, "highest_id": highest,
-                "message_filter": KeyFilter.of_probe(Probe.of_numbers(message_keys)).to_bytes(),
-                "user_filter": KeyFilter.of_probe(Probe.of_numbers(sorted(set(user_keys)))).to_bytes()}
-        with engine.begin() as connection:
+        with paced(pacer), engine.begin() as connection:
             # Messages that reached the partition after the read above (only history written into the past does
             # that) would be missing from its filters: then it is sealed at a later pass.
             if connection.execute(select(func.count()).select_from(table)).scalar_one() != len(message_keys):
@@ -88,6 +96,16 @@ class _HeldFilters:
                 self.filters.add(name, KeyFilter.from_bytes(bytes(data)))
                 self.built_at[name] = count
         return self.filters
+
+
+def hold_filters(engine: Engine) -> int:
+    """Read every seal's filters of both kinds into this process now, as its first lookup of each kind would (at
+    50M kept, 0.5-1.6 s and about 100 MB each): a process that serves lookups does it at start, so the first person
+    to look a message up does not wait for it. Returns how many partitions are sealed."""
+    with engine.connect() as connection:
+        partitions = kept_partitions(connection)
+        may_hold(connection, partitions, message_id="", user_id="")
+        return connection.execute(select(func.count()).select_from(SEALS)).scalar_one()
 
 
 # Per store and column: a lookup by messageId reads only the messageId filters, one by user only the users'.

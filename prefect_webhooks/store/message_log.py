@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, literal, or_, select, text, union_all
+from sqlalchemy import delete, or_, select
 from sqlalchemy.engine import Connection
 
 from prefect_webhooks.messages.outcomes import FAILED, Attempt
@@ -45,6 +45,7 @@ from prefect_webhooks.store.log_records import (
     pack_record,
     text_key,
 )
+from prefect_webhooks.store.log_statements import group_statement, lookup_parameters
 from prefect_webhooks.store.tables import (
     DeliveryAttempt,
     LogName,
@@ -319,7 +320,7 @@ def find_kept(
     until: datetime | None = None,
     limit: int | None = None,
 ) -> list[KeptMessage]:
-    """Kept messages matching every filter given, newest partition first (each by index; no filter: all).
+    """Kept messages matching every filter given, newest first (each partition by index; no filter: all).
 
     Args:
         connection: The store.
@@ -341,61 +342,31 @@ def find_kept(
     partitions = may_hold(connection, [partition for partition in kept_partitions(connection, since=since, until=until)
                                        if kinds is None or partition.kind in kinds],
                           message_id=message_id, user_id=user_id, ids=ids)
+    # Newest period first, in groups that double (a statement each: SQLite's limit on a compound select is 500
+    # terms; each term takes its own newest ``limit`` rows through its index, the statement the newest of those).
+    # Once ``limit`` messages are found that are all newer than any period left, the older partitions are not read:
+    # the newest 50 of a busy destination come from its newest partition, not from 50 rows of each one kept.
+    partitions.sort(key=lambda partition: partition.ends_at, reverse=True)
+    parameters = lookup_parameters(ids, message_id, user_id, destination_id, states, since, until, limit)
     found: list[KeptMessage] = []
-    # One statement per group of partitions (SQLite's limit on a compound select is 500 terms); each term takes its
-    # own newest ``limit`` rows through its index, the statement the newest of those.
-    for start in range(0, len(partitions), PARTITIONS_PER_STATEMENT):
-        group = partitions[start:start + PARTITIONS_PER_STATEMENT]
-        terms = [_matching(partition, ids, message_id, user_id, destination_id, states, since, until, limit)
-                 for partition in group]
-        statement = terms[0] if len(terms) == 1 else union_all(*terms)
-        ordered = select(statement.subquery()).order_by(text("finished_ms DESC"), text("id DESC"))
-        if limit is not None:
-            ordered = ordered.limit(limit)
-        by_name = {partition.name: partition for partition in group}
-        rows = connection.execute(ordered).all()
-        kept = decode_rows(connection, rows, by_name)
+    start, size = 0, FIRST_GROUP
+    while start < len(partitions):
+        group = partitions[start:start + size]
+        start, size = start + len(group), min(size * 2, PARTITIONS_PER_STATEMENT)
+        statement = group_statement(tuple(partition.name for partition in group), frozenset(parameters))
+        kept = decode_rows(connection, connection.execute(statement, parameters).all(), {p.name: p for p in group})
         # A key shared by two different ids (1 in 2^64) must not show the other's message.
         found.extend(message for message in kept
                      if (message_id is None or message.content.message_id == message_id)
                      and (user_id is None or message.content.user_id == user_id))
+        found.sort(key=lambda message: (message.finished_at, message.id), reverse=True)
         if limit is not None and len(found) >= limit:
-            return found[:limit]
+            del found[limit:]
+            if start < len(partitions) and found[-1].finished_at >= partitions[start].ends_at:
+                break
     return found
 
 
+# The first group is the newest partitions of both kinds with one to spare.
+FIRST_GROUP = 3
 PARTITIONS_PER_STATEMENT = 200
-
-
-def _matching(
-    partition: Partition,
-    ids: Sequence[int] | None,
-    message_id: str | None,
-    user_id: str | None,
-    destination_id: int | None,
-    states: Sequence[str] | None,
-    since: datetime | None,
-    until: datetime | None,
-    limit: int | None,
-) -> Any:
-    """One partition's part of ``find_kept``: its matching rows, newest first, at most ``limit``."""
-    table = partition.table
-    query = select(table, literal(partition.name).label("partition"))
-    if ids is not None:
-        query = query.where(table.c.id.in_(list(ids)))
-    if message_id is not None:
-        query = query.where(table.c.message_key == text_key(message_id))
-    if user_id is not None:
-        query = query.where(table.c.user_key == text_key(user_id))
-    if destination_id is not None:
-        query = query.where(table.c.destination_id == destination_id)
-    if states:
-        query = query.where(table.c.state.in_([STATE_CODES[state] for state in states]))
-    if since is not None:
-        query = query.where(table.c.finished_ms >= epoch_ms(since))
-    if until is not None:
-        query = query.where(table.c.finished_ms < epoch_ms(until))
-    if limit is None:
-        return query
-    # A term of a compound select cannot order or limit itself: as a subquery it can.
-    return select(query.order_by(table.c.finished_ms.desc(), table.c.id.desc()).limit(limit).subquery())

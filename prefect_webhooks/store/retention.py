@@ -12,9 +12,11 @@ One pruning pass removes, oldest first:
   ``batch_rows``, each followed by a pause as long as it took;
 - the console's per-minute outcome counts older than a day (``minute_counts``).
 
-Never a queued message. One pass at a time per store, across processes and hosts (the ``prune`` lease). Freed
-pages are reused by new rows (SQLite keeps them in the file, free; PostgreSQL returns a dropped table's files to
-the system at once), so the files level off instead of growing.
+Each read and each transaction of the pass is followed by a pause as long as it took (``pacing``): ingest and
+delivery take the store's write lock and the CPU between them. Never a queued message. One pass at a time per
+store, across processes and hosts (the ``prune`` lease). Freed pages are reused by new rows (SQLite keeps them in
+the file, free; PostgreSQL returns a dropped table's files to the system at once), so the files level off instead of
+growing.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from prefect_webhooks.store.log_partitions import (
     unlisted_partitions,
 )
 from prefect_webhooks.store.minute_counts import prune_minutes
+from prefect_webhooks.store.pacing import Pacer
 from prefect_webhooks.store.seen_ids import (
     LEGACY,
     drop_period,
@@ -78,7 +81,7 @@ class RetentionPolicy:
         failed_seconds: Failed messages, after they failed.
         seen_seconds: Remembered messageIds, after they were received (the dedupe window).
         batch_rows: Most messageIds removed per transaction.
-        pause_ratio: After each transaction, pause this many times as long as it took.
+        pause_ratio: After each read and transaction, pause this many times as long as it took (0: no pause).
     """
 
     delivered_seconds: float
@@ -111,6 +114,7 @@ class PruneReport:
         size: The store's size after the pass.
         batches: Partitions dropped and transactions of messageIds removed.
         seconds: How long the pass took, pauses included.
+        paused: How much of it the pass paused, leaving the store and the CPU to ingest and delivery.
         skipped: Why no pass ran (another process holds the lease); None when it ran.
     """
 
@@ -120,6 +124,7 @@ class PruneReport:
     size: StoreSize | None = None
     batches: int = 0
     seconds: float = 0.0
+    paused: float = 0.0
     skipped: str | None = None
 
     def messages_removed(self) -> int:
@@ -149,7 +154,8 @@ class PruneReport:
         removed = ", ".join(f"{count} {name}" for name, count in self.removed.items())
         size = f"; store {self.size.total_bytes / 1e6:.1f} MB ({self.size.free_bytes / 1e6:.1f} MB free for reuse, " \
                f"WAL {self.size.wal_bytes / 1e6:.1f} MB)" if self.size else ""
-        return f"pruned {removed} in {self.batches} transaction(s), {self.seconds:.1f} s{size}"
+        return (f"pruned {removed} in {self.batches} transaction(s), {self.seconds:.1f} s ({self.paused:.1f} s of "
+                f"it paused){size}")
 
 
 def pass_owner() -> str:
@@ -193,9 +199,10 @@ def prune_store(
     renewed = started
     now = now or store_now()
     kept_for = {"delivered": policy.delivered_seconds, "failed": policy.failed_seconds}
+    pacer = Pacer(ratio=policy.pause_ratio, floor=Pacer.floor if policy.pause_ratio else 0.0, sleep=sleep)
     try:
         for name in unlisted_partitions(engine):
-            drop_unlisted(engine, name)
+            drop_unlisted(engine, name, pacer)
         with engine.connect() as connection:
             expired = expired_partitions(connection, kept_for, now)
         for partition in expired:
@@ -204,13 +211,13 @@ def prune_store(
                 renewed = time.monotonic()
             for state, count in partition_states(engine, partition).items():
                 report.removed[state] = report.removed.get(state, 0) + count
-            record_user_sources(engine, partition)
-            drop_partition(engine, partition)
+            record_user_sources(engine, partition, pacer=pacer)
+            drop_partition(engine, partition, pacer)
             report.batches += 1
         for name in unlisted_periods(engine):
-            drop_unlisted_period(engine, name)
-        seal_periods(engine)
-        seal_log_partitions(engine)
+            drop_unlisted_period(engine, name, pacer)
+        seal_periods(engine, pacer=pacer)
+        seal_log_partitions(engine, pacer=pacer)
         with engine.connect() as connection:
             expired_ids = expired_periods(connection, policy.seen_seconds, now)
             legacy = SEEN.name in inspect(connection).get_table_names()
@@ -218,7 +225,7 @@ def prune_store(
             if time.monotonic() - renewed > LEASE_SECONDS / 3:
                 take_lease(engine, PRUNE_LEASE, owner, LEASE_SECONDS)
                 renewed = time.monotonic()
-            report.removed[SEEN_REMOVED] += drop_period(engine, period)
+            report.removed[SEEN_REMOVED] += drop_period(engine, period, pacer)
             report.batches += 1
         step = _seen_step(now - timedelta(seconds=policy.seen_seconds), policy.batch_rows)
         while legacy:
@@ -241,6 +248,7 @@ def prune_store(
     finally:
         release_lease(engine, PRUNE_LEASE, owner)
     report.seconds = time.monotonic() - started
+    report.paused = pacer.paused
     return report
 
 

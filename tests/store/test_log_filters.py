@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from prefect_webhooks.messages.outcomes import Attempt
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.store.bulk_insert import insert_rows
 from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.log_filters import may_hold, seal_log_partitions
+from prefect_webhooks.store.log_filters import hold_filters, may_hold, seal_log_partitions
 from prefect_webhooks.store.log_partitions import PARTITIONS, SEALS, STATE_CODES, kept_partitions, partitions_for
 from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
 from prefect_webhooks.store.message_log import find_kept, name_ids
@@ -70,7 +70,8 @@ def test_lookups_read_only_the_sealed_partitions_that_may_hold_the_key(backend_u
 
 def test_a_partition_that_gets_messages_after_its_seal_is_read_whole_until_sealed_again(backend_url: str) -> None:
     engine = get_engine(backend_url)
-    an_hour_ago = store_now() - timedelta(hours=1)
+    # 20 s into its minute: the message a second later lands in the same one-minute partition.
+    an_hour_ago = (store_now() - timedelta(hours=1)).replace(second=20, microsecond=0)
     keep_finished_at(engine, 10, "old-1", "carol", an_hour_ago)
     prune_store(engine)  # the pruning pass seals partitions whose period ended
     ((name, sealed),) = sealed_rows(engine).items()
@@ -88,3 +89,24 @@ def test_a_partition_that_gets_messages_after_its_seal_is_read_whole_until_seale
         assert [m.id for m in find_kept(connection, message_id="old-2")] == [11]
         assert [m.id for m in find_kept(connection, user_id="carol")] == [10]
         assert find_kept(connection, user_id="erin") == []
+
+
+def test_a_process_that_serves_lookups_holds_the_filters_before_its_first_lookup(backend_url: str) -> None:
+    engine = get_engine(backend_url)
+    keep_finished_at(engine, 20, "early-1", "erin", store_now() - timedelta(hours=1))
+    assert seal_log_partitions(engine) == 1
+    assert hold_filters(engine) == 1
+    blobs: list[str] = []
+
+    def note(_connection, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if "message_filter" in statement or "user_filter" in statement:
+            blobs.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        with engine.connect() as connection:
+            (found,) = find_kept(connection, message_id="early-1")
+            assert [m.id for m in find_kept(connection, user_id="erin")] == [found.id] == [20]
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert blobs == []  # both kinds of filter were read at start, none at the lookups

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import orjson
 import pytest
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import event, func, inspect, select, text
 
 from prefect_webhooks.messages.outcomes import (
     DELIVERED,
@@ -21,6 +21,7 @@ from prefect_webhooks.messages.outcomes import (
     Rescheduled,
 )
 from prefect_webhooks.messages.payloads import serialize
+from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.counters import outcome_totals
 from prefect_webhooks.store.engines import dispose_engines, get_engine
 from prefect_webhooks.store.log_partitions import kept_partitions, partition_period
@@ -38,7 +39,7 @@ from prefect_webhooks.store.outbox import (
 )
 from prefect_webhooks.store.replay import replay_failed
 from prefect_webhooks.store.tables import store_now
-from tests.stored import every_attempt, every_message, to_ms
+from tests.stored import every_attempt, every_message, finish, to_ms
 
 
 def track(user: str, n: int = 0) -> dict:
@@ -206,6 +207,45 @@ def test_lookups_by_message_id_user_and_destination_and_time(backend_url: str) -
         assert find_kept(connection, destination="nowhere") == []
         assert find_kept(connection, message_id="m-9") == []
         assert [m.id for m in find_kept(connection, states=[FAILED])] == []
+
+
+def test_the_newest_messages_come_from_the_newest_partitions_without_reading_the_older(
+    backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight partitions of delivered messages an hour apart, four messages each, and a failed message half an hour
+    ago in a partition of its kind: the newest five are the newest five of all, and only the newest partitions are
+    read for them."""
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "3600")  # partitions of at most 15 minutes
+    get_settings.cache_clear()
+    engine = get_engine(backend_url)
+    assert enqueue("crm", [track("ann", n) for n in range(33)], source="web") == 33
+    now = store_now()
+    for hour in range(8):
+        finish(engine, list(range(1 + 4 * hour, 5 + 4 * hour)), DELIVERED, at=now - timedelta(hours=8 - hour))
+    finish(engine, [33], FAILED, reason="permanent: HTTP 410", at=now - timedelta(minutes=30))
+    read: list[str] = []
+
+    def note(_connection, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        read.extend(name for name in names if name in statement)
+
+    with engine.connect() as connection:
+        names = [partition.name for partition in sorted(kept_partitions(connection), key=lambda p: p.ends_at,
+                                                        reverse=True)]
+        assert len(names) == 9 and "_failed_" in names[0]
+        event.listen(engine, "before_cursor_execute", note)
+        try:
+            newest = find_kept(connection, destination="crm", limit=5)
+            newest_read = set(read)
+            read.clear()
+            everything = find_kept(connection, destination="crm")
+        finally:
+            event.remove(engine, "before_cursor_execute", note)
+    get_settings.cache_clear()
+    assert [m.id for m in newest] == [33, 32, 31, 30, 29]
+    assert [m.id for m in everything] == list(range(33, 0, -1))
+    # The first group (the failed partition and the two newest delivered ones) held five messages newer than the
+    # end of any partition left: no other partition was read. Without a limit, every one is.
+    assert newest_read == set(names[:3]) and set(read) == set(names)
 
 
 def test_a_seed_sized_record_is_compact_and_reads_back_whole() -> None:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_store_unavailable, store_call
 from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.events import wait_for_queued_events
 from prefect_webhooks.delivery.rate_limits import start_ramp
 from prefect_webhooks.delivery.sender import Sender, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats
@@ -30,6 +31,9 @@ from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import bring_forward, claim_due_deliveries
 
 logger = logging.getLogger("prefect_webhooks.delivery")
+# How long a run outside a delivery worker waits at its end for its events (the first of a process may wait seconds
+# for Prefect's events client).
+EVENTS_WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,10 @@ async def deliver_due(
         return await _claim_loop(context, options)
     settings = get_settings()
     async with Sender(settings) as sender:
-        return await _claim_loop(DeliveryContext(engine or get_engine(), sender, settings=settings), options)
+        stats = await _claim_loop(DeliveryContext(engine or get_engine(), sender, settings=settings), options)
+    # A run outside a delivery worker is often its process's last: its endpoint events go before it may end.
+    await asyncio.to_thread(wait_for_queued_events, EVENTS_WAIT_SECONDS)
+    return stats
 
 
 async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> DeliveryStats:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -27,8 +29,6 @@ from prefect.events import emit_event
 from prefect_webhooks.settings import get_settings
 
 logger = logging.getLogger("prefect_webhooks.delivery")
-# The first event of a process may wait seconds for Prefect's events client: never on the delivery event loop.
-_emitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefect-webhooks-events")
 
 DELIVERY_FAILED = "prefect-webhooks.delivery.failed"
 DELIVERY_EXHAUSTED = "prefect-webhooks.delivery.exhausted"
@@ -83,15 +83,63 @@ def emit_delivery_failed(outbox_id: int, destination: str, reason: str, attempts
 def in_background(emit: Callable[..., None], *args: Any, **kwargs: Any) -> Future[None]:
     """Emit from the events thread, in the order asked; a failure is logged, never raised to delivery.
 
+    The first event of a process may wait seconds for Prefect's events client: never on the delivery event loop.
     The emit runs in a copy of the caller's context: Prefect's settings (the API URL among them) may live there
     rather than in the environment, and without them the thread's ``emit_event`` would start a temporary server.
     """
-    future = _emitter.submit(contextvars.copy_context().run, emit, *args, **kwargs)
+    future: Future[None] = Future()
     future.add_done_callback(_log_failure)
+    _events.put((future, contextvars.copy_context(), emit, args, kwargs))
+    _start_events_thread()
     return future
 
 
+def wait_for_queued_events(timeout: float) -> bool:
+    """Wait until the events queued so far are emitted, at most ``timeout`` seconds; returns whether they were. A
+    process that delivers once and ends calls it: what is still queued when its main thread ends is dropped."""
+    done, _ = wait([in_background(_nothing)], timeout=timeout)
+    return bool(done)
+
+
+def _nothing() -> None:
+    """A place in the queue: done once everything before it is."""
+
+
+# What the events thread has yet to emit. The thread is a daemon and emits nothing once the main thread has ended:
+# an event emitted while the interpreter shuts down finds Prefect's clients closing, and in a process without a
+# Prefect server it started a temporary server that nothing stopped (an executor's thread is joined at exit and
+# emitted what was queued then). An orderly stop that must not lose its events waits for their futures.
+_events: queue.SimpleQueue[tuple[Future[None], contextvars.Context, Callable[..., None], tuple, dict]] = (
+    queue.SimpleQueue())
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+
+
+def _start_events_thread() -> None:
+    global _thread
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_emit_queued, name="prefect-webhooks-events", daemon=True)
+            _thread.start()
+
+
+def _emit_queued() -> None:
+    while True:
+        future, context, emit, args, kwargs = _events.get()
+        if not threading.main_thread().is_alive() or not future.set_running_or_notify_cancel():
+            future.cancel()
+            continue
+        try:
+            context.run(emit, *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the future, logged by its callback
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+
 def _log_failure(future: Future[None]) -> None:
+    if future.cancelled():
+        return
     exc = future.exception()
     if exc is not None:
         logger.warning("emitting an event failed: %s", type(exc).__name__)

@@ -65,9 +65,11 @@ def create_service_app() -> Any:
     from prefect_webhooks.settings import get_settings
     from prefect_webhooks.store.engines import get_engine
     from prefect_webhooks.store.log_filters import hold_filters
+    from prefect_webhooks.store.seen_ids import hold_seen_filters
     from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
     engine = get_engine()
+    hold_seen_filters(engine)  # before the first call, not in it: seconds with a long dedupe window kept
     app = create_app(engine=engine)
     add_console_routes(app, engine)
     if get_settings().active_admin_token() is not None:  # lookups are served: their filters are read before the first

@@ -9,16 +9,18 @@ that records it, with every attempt folded into its record. The log is built to 
   a kept message, indexes included, for the seed's shapes (550 in the queue-as-history layout before it).
   Destinations, sources and URLs are small numbers (``message_log_names``).
 - **Looked up by index.** Each partition has three indexes: messageId key, user key, and (destination, time). A
-  lookup probes every partition kept in one statement (5 for the default 24 h at a low rate, a few hundred at
-  thousands of events/s: partitions hold about a million messages each).
+  lookup probes the partitions that may hold what it asks for (``log_filters``), newest first, a group per
+  statement, and stops once its limit is met by messages newer than any partition left (``find_kept``).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import takewhile
 from typing import Any
 
 from sqlalchemy import delete, or_, select
@@ -352,7 +354,7 @@ def find_kept(
     start, size = 0, FIRST_GROUP
     while start < len(partitions):
         group = partitions[start:start + size]
-        start, size = start + len(group), min(size * 2, PARTITIONS_PER_STATEMENT)
+        start = start + len(group)
         statement = group_statement(tuple(partition.name for partition in group), frozenset(parameters))
         kept = decode_rows(connection, connection.execute(statement, parameters).all(), {p.name: p for p in group})
         # A key shared by two different ids (1 in 2^64) must not show the other's message.
@@ -362,9 +364,25 @@ def find_kept(
         found.sort(key=lambda message: (message.finished_at, message.id), reverse=True)
         if limit is not None and len(found) >= limit:
             del found[limit:]
-            if start < len(partitions) and found[-1].finished_at >= partitions[start].ends_at:
+            # Only a partition that ends after the oldest of these can still hold a newer one.
+            newer = len(list(takewhile(lambda partition: partition.ends_at > found[-1].finished_at,
+                                       partitions[start:])))
+            if not newer:
                 break
+            size = min(newer, PARTITIONS_PER_STATEMENT)
+        else:
+            size = next_group_size(size, start, len(found), limit)
     return found
+
+
+def next_group_size(size: int, read: int, found: int, limit: int | None) -> int:
+    """How many partitions the next statement of a lookup short of its ``limit`` reads: twice the last group, or,
+    when the ``read`` partitions so far found some, as many as should hold the rest at that rate and half again (a
+    user with two messages in each partition needs 25 partitions for 50: doubling alone reads 3, 6, 12 and 24)."""
+    doubled = min(size * 2, PARTITIONS_PER_STATEMENT)
+    if limit is None or not found:
+        return doubled
+    return max(1, min(doubled, math.ceil(1.5 * (limit - found) * read / found)))
 
 
 # The first group is the newest partitions of both kinds with one to spare.

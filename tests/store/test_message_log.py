@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 
 import orjson
 import pytest
 from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.messages.outcomes import (
     DELIVERED,
@@ -26,7 +29,7 @@ from prefect_webhooks.store.counters import outcome_totals
 from prefect_webhooks.store.engines import dispose_engines, get_engine
 from prefect_webhooks.store.log_partitions import kept_partitions, partition_period
 from prefect_webhooks.store.log_records import PackedRecord, RecordContent, pack_record
-from prefect_webhooks.store.message_log import find_kept
+from prefect_webhooks.store.message_log import find_kept, next_group_size
 from prefect_webhooks.store.minute_counts import top_reasons
 from prefect_webhooks.store.outbox import (
     ATTEMPTS,
@@ -209,37 +212,56 @@ def test_lookups_by_message_id_user_and_destination_and_time(backend_url: str) -
         assert [m.id for m in find_kept(connection, states=[FAILED])] == []
 
 
+def queued_for_short_partitions(
+    backend_url: str, monkeypatch: pytest.MonkeyPatch, count: int
+) -> tuple[Engine, datetime]:
+    """``count`` of ann's messages queued, with partitions of at most 15 minutes (one hour's retention); the store
+    and its time."""
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "3600")
+    get_settings.cache_clear()
+    engine = get_engine(backend_url)
+    assert enqueue("crm", [track("ann", n) for n in range(count)], source="web") == count
+    return engine, store_now()
+
+
+def newest_first(connection: Connection) -> list[str]:
+    """The names of the kept partitions, newest period first."""
+    return [p.name for p in sorted(kept_partitions(connection), key=lambda p: p.ends_at, reverse=True)]
+
+
+@contextmanager
+def partitions_read(engine: Engine, names: list[str]) -> Iterator[list[str]]:
+    """Which of ``names`` the statements run meanwhile read, in the order read."""
+    read: list[str] = []
+
+    def note(_connection, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        read.extend(name for name in names if name in statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        yield read
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+
+
 def test_the_newest_messages_come_from_the_newest_partitions_without_reading_the_older(
     backend_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Eight partitions of delivered messages an hour apart, four messages each, and a failed message half an hour
     ago in a partition of its kind: the newest five are the newest five of all, and only the newest partitions are
     read for them."""
-    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "3600")  # partitions of at most 15 minutes
-    get_settings.cache_clear()
-    engine = get_engine(backend_url)
-    assert enqueue("crm", [track("ann", n) for n in range(33)], source="web") == 33
-    now = store_now()
+    engine, now = queued_for_short_partitions(backend_url, monkeypatch, 33)
     for hour in range(8):
         finish(engine, list(range(1 + 4 * hour, 5 + 4 * hour)), DELIVERED, at=now - timedelta(hours=8 - hour))
     finish(engine, [33], FAILED, reason="permanent: HTTP 410", at=now - timedelta(minutes=30))
-    read: list[str] = []
-
-    def note(_connection, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
-        read.extend(name for name in names if name in statement)
-
     with engine.connect() as connection:
-        names = [partition.name for partition in sorted(kept_partitions(connection), key=lambda p: p.ends_at,
-                                                        reverse=True)]
+        names = newest_first(connection)
         assert len(names) == 9 and "_failed_" in names[0]
-        event.listen(engine, "before_cursor_execute", note)
-        try:
+        with partitions_read(engine, names) as read:
             newest = find_kept(connection, destination="crm", limit=5)
             newest_read = set(read)
             read.clear()
             everything = find_kept(connection, destination="crm")
-        finally:
-            event.remove(engine, "before_cursor_execute", note)
     get_settings.cache_clear()
     assert [m.id for m in newest] == [33, 32, 31, 30, 29]
     assert [m.id for m in everything] == list(range(33, 0, -1))
@@ -324,3 +346,36 @@ def test_an_older_store_is_upgraded_with_nothing_lost(backend_url: str) -> None:
     # A second start finds nothing left to do.
     dispose_engines()
     assert len(every_message(get_engine(backend_url))) == 7
+
+
+def test_a_user_in_every_partition_reads_about_as_many_as_hold_the_limit(
+    backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twelve partitions an hour apart, two of ann's messages in each: her newest ten are in the newest five. The
+    first group (three) finds six, at that rate the next three hold the rest, and the oldest of the ten is newer than
+    any partition left: six partitions read, not the nine that doubling groups (3, 6) read."""
+    engine, now = queued_for_short_partitions(backend_url, monkeypatch, 24)
+    for hour in range(12):
+        finish(engine, [1 + 2 * hour, 2 + 2 * hour], DELIVERED, at=now - timedelta(hours=12 - hour, minutes=30))
+    with engine.connect() as connection:
+        names = newest_first(connection)
+        assert len(names) == 12
+        with partitions_read(engine, names) as read:
+            newest = find_kept(connection, user_id="ann", limit=10)
+    get_settings.cache_clear()
+    assert [m.id for m in newest] == list(range(24, 14, -1))
+    assert set(read) == set(names[:6])
+
+
+@pytest.mark.parametrize(("size", "read", "found", "limit", "expected"), [
+    (3, 3, 0, 50, 6),  # nothing found yet: double
+    (3, 3, 6, 50, 6),  # 44 more at 2 a partition (33 with the margin): no more than double
+    (6, 9, 18, 50, 12),
+    (12, 21, 42, 50, 6),  # 8 more at 2 a partition, and half again
+    (3, 3, 5, None, 6),  # no limit: every partition, in doubling groups
+    (200, 400, 1, 50, 200),  # at most a statement's worth
+])
+def test_the_next_group_is_what_should_hold_the_rest_of_the_limit(
+    size: int, read: int, found: int, limit: int | None, expected: int
+) -> None:
+    assert next_group_size(size, read, found, limit) == expected

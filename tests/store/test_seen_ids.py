@@ -13,11 +13,12 @@ from sqlalchemy.engine import Engine
 
 from prefect_webhooks.inbound.ingestion import ingest_batch
 from prefect_webhooks.store import seen_ids
-from prefect_webhooks.store.engines import get_engine, insert_rows
+from prefect_webhooks.store.engines import dispose_engines, get_engine, insert_rows
 from prefect_webhooks.store.retention import RetentionPolicy, prune_store
 from prefect_webhooks.store.seen_ids import (
     LEGACY,
     PERIOD_LIST,
+    hold_seen_filters,
     message_key,
     remember_receipts,
     remembered_ids,
@@ -95,6 +96,31 @@ def test_a_call_of_new_ids_reads_the_sealed_periods_only_where_their_filters_hit
     lookups.clear()
     repeats = [f"m{minute}-7" for minute in range(20)]
     assert set(look_up(engine, repeats + new_ids[:10], start)) == set(repeats)
+
+
+def test_a_process_that_holds_the_filters_at_start_reads_none_in_its_first_call(backend_url: str) -> None:
+    """``serve``'s API reads the sealed periods' filters before it takes a call (seconds with 50M ids in the
+    window); its first dedupe then reads no filter in its transaction."""
+    engine = get_engine(backend_url)
+    now = store_now()
+    remember(engine, ["old-1"], now - timedelta(hours=2))
+    remember(engine, ["older-1"], now - timedelta(hours=3))
+    assert seal_periods(engine) == 2
+    dispose_engines()  # a new process: nothing held
+    engine = get_engine(backend_url)
+    assert hold_seen_filters(engine) == 2
+    read_filters: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "id_filter" in statement and "CASE" not in statement:
+            read_filters.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        assert set(look_up(engine, ["old-1", "older-1", "new"], now - timedelta(hours=4))) == {"old-1", "older-1"}
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert read_filters == []
 
 
 def test_retention_drops_a_period_whole_once_it_is_older_than_the_window(backend_url: str) -> None:

@@ -138,10 +138,4 @@ def may_hold(
                 filters = _held.setdefault((connection.engine, column), _HeldFilters(column)).read(connection, sealed)
                 candidates = filters.candidates(Probe.of_numbers([text_key(key)]))
                 ruled_out |= {name for name in sealed if name in filters and name not in candidates}
-    kept = [partition for partition in partitions if partition.name not in ruled_out]
-    if message_id is None and not ids and len(kept) * 4 > len(partitions):
-        # An active user is in most partitions: a statement over a list that differs with each user compiles anew
-        # each time (70 ms over 60 partitions), where the list of every partition compiles once and reads the few
-        # partitions the filters would skip for less.
-        return list(partitions)
-    return kept
+    return [partition for partition in partitions if partition.name not in ruled_out]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import pytest
 from sqlalchemy import event, select
 
 from prefect_webhooks.messages.outcomes import Attempt
 from prefect_webhooks.messages.payloads import serialize
+from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.bulk_insert import insert_rows
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.log_filters import hold_filters, may_hold, seal_log_partitions
@@ -66,6 +68,27 @@ def test_lookups_read_only_the_sealed_partitions_that_may_hold_the_key(backend_u
         assert [m.id for m in find_kept(connection, user_id="ann")] == [3, 2, 1]
         assert [m.id for m in find_kept(connection, ids=[3, 7])] == [3]
         assert find_kept(connection, message_id="m-9") == find_kept(connection, user_id="bob") == []
+
+
+def test_a_user_in_some_partitions_is_looked_up_in_those_only(
+    backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ann is in five sealed partitions, bob in two of them: bob's lookup reads his two, not all five."""
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETENTION_DELIVERED", "3600")  # partitions of at most 15 minutes
+    get_settings.cache_clear()
+    engine = get_engine(backend_url)
+    start = (store_now() - timedelta(hours=6)).replace(minute=0, second=20, microsecond=0)
+    for hour in range(5):
+        keep_finished_at(engine, 10 + hour, f"ann-{hour}", "ann", start + timedelta(hours=hour))
+    for hour in range(2):
+        keep_finished_at(engine, 20 + hour, f"bob-{hour}", "bob", start + timedelta(hours=hour))
+    assert seal_log_partitions(engine) == 5
+    get_settings.cache_clear()
+    with engine.connect() as connection:
+        partitions = kept_partitions(connection)
+        assert len(may_hold(connection, partitions, user_id="ann")) == 5
+        assert len(may_hold(connection, partitions, user_id="bob")) == 2
+        assert [m.id for m in find_kept(connection, user_id="bob", limit=5)] == [21, 20]
 
 
 def test_a_partition_that_gets_messages_after_its_seal_is_read_whole_until_sealed_again(backend_url: str) -> None:

@@ -344,8 +344,9 @@ def find_kept(
     partitions = may_hold(connection, [partition for partition in kept_partitions(connection, since=since, until=until)
                                        if kinds is None or partition.kind in kinds],
                           message_id=message_id, user_id=user_id, ids=ids)
-    # Newest period first, in groups that double (a statement each: SQLite's limit on a compound select is 500
-    # terms; each term takes its own newest ``limit`` rows through its index, the statement the newest of those).
+    # Newest period first, in groups sized by ``next_group_size`` (a statement each: SQLite's limit on a compound
+    # select is 500 terms; each term takes its own newest ``limit`` rows through its index, the statement the newest
+    # of those).
     # Once ``limit`` messages are found that are all newer than any period left, the older partitions are not read:
     # the newest 50 of a busy destination come from its newest partition, not from 50 rows of each one kept.
     partitions.sort(key=lambda partition: partition.ends_at, reverse=True)

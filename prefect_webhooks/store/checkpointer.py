@@ -8,6 +8,14 @@ and runs a ``Checkpointer``: a PASSIVE checkpoint every ``INTERVAL`` seconds on 
 for no writer and makes none wait (when another process's checkpointer is at it, the call returns busy and the next
 one catches up). Once a checkpoint has copied the whole WAL, the next writer starts it again from its beginning and
 ``journal_size_limit`` cuts the file back, so the WAL stays about as large as ``INTERVAL`` of writes.
+
+Under writes that never pause, a PASSIVE checkpoint never finds the WAL wholly copied when the next writer starts
+(frames are appended while it copies), so the WAL is never started again and grows for as long as the load lasts:
+1.7 GB in four minutes of 4,000 events/s on a 15 GB store, where each checkpoint's pages land all over the file.
+Once the WAL is past ``RESTART_ABOVE`` the thread asks for a RESTART checkpoint instead, at most every
+``RESTART_SECONDS``: it holds writers while it copies the few frames left and readers move on (at most
+``RESTART_WAIT_MS``; a long reader, such as a pass sealing a partition, makes it give up until the next try), and
+the next writer starts the WAL from its beginning.
 """
 
 from __future__ import annotations
@@ -15,11 +23,15 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 INTERVAL = 0.5
+RESTART_ABOVE = 64 * 1024 * 1024  # the engines' journal_size_limit: what the WAL is cut back to
+RESTART_WAIT_MS = 50
+RESTART_SECONDS = 2.0
 
 
 class Checkpointer:
@@ -29,6 +41,8 @@ class Checkpointer:
         self.path = Path(path)
         self.interval = interval or INTERVAL
         self.checkpoints = 0
+        self.restarts = 0
+        self._restarted_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"checkpoint {self.path.name}", daemon=True)
 
@@ -50,7 +64,8 @@ class Checkpointer:
                     # mode=rw: a store removed meanwhile (a test's) is an error here, never a new empty file.
                     connection = sqlite3.connect(f"file:{self.path}?mode=rw", uri=True, timeout=1,
                                                  check_same_thread=False)
-                connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    connection.execute(f"PRAGMA busy_timeout={RESTART_WAIT_MS}")
+                connection.execute(f"PRAGMA wal_checkpoint({self._mode()})").fetchone()
                 self.checkpoints += 1
             except sqlite3.Error as exc:
                 logger.debug("checkpointing %s: %s", self.path, exc)
@@ -59,3 +74,16 @@ class Checkpointer:
                     connection = None
         if connection is not None:
             connection.close()
+
+    def _mode(self) -> str:
+        if time.monotonic() - self._restarted_at < RESTART_SECONDS:
+            return "PASSIVE"
+        try:
+            grown = (self.path.parent / f"{self.path.name}-wal").stat().st_size > RESTART_ABOVE
+        except OSError:
+            grown = False
+        if not grown:
+            return "PASSIVE"
+        self.restarts += 1
+        self._restarted_at = time.monotonic()
+        return "RESTART"

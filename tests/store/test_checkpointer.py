@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import struct
+import threading
 import time
 from pathlib import Path
 
@@ -39,3 +41,44 @@ def test_a_removed_store_is_not_made_again_by_its_checkpointer(tmp_path: Path) -
     time.sleep(0.3)
     running.stop()
     assert not path.exists() and running.checkpoints == 0
+
+
+def test_the_wal_starts_again_under_writes_that_never_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Writes back to back with a reader beside them: a PASSIVE checkpoint alone never finds the WAL wholly copied
+    # when the next writer starts, so the WAL is never started again and holds all 300 MB written.
+    monkeypatch.setattr(checkpointer, "INTERVAL", 0.1)
+    monkeypatch.setattr(checkpointer, "RESTART_ABOVE", 8_000_000)
+    monkeypatch.setattr(checkpointer, "RESTART_SECONDS", 0.2)
+    path = tmp_path / "store.db"
+    wal = Path(f"{path}-wal")
+    engine = get_engine(f"sqlite:///{path}")
+    stop = threading.Event()
+
+    def read_on() -> None:
+        while not stop.is_set():
+            with engine.connect() as connection:
+                connection.exec_driver_sql("SELECT count(*) FROM filler").scalar_one()
+
+    def started_again() -> int:
+        # The WAL header's checkpoint sequence number: one more each time a writer starts the WAL from its beginning.
+        with wal.open("rb") as header:
+            return struct.unpack(">I", header.read(16)[12:])[0]
+
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("CREATE TABLE filler (body BLOB)")
+        first = started_again()
+        reader = threading.Thread(target=read_on)
+        reader.start()
+        try:
+            for _ in range(300):
+                with engine.begin() as connection:
+                    connection.execute(text("INSERT INTO filler VALUES (:b)"), [{"b": os.urandom(4000)}] * 250)
+            wal_bytes, restarts = wal.stat().st_size, started_again() - first
+        finally:
+            stop.set()
+            reader.join()
+        assert restarts >= 2, f"the WAL was started again {restarts} time(s) while 300 MB were written"
+        assert wal_bytes < 250_000_000, f"the WAL holds {wal_bytes / 1e6:.0f} MB of the 300 MB written"
+    finally:
+        dispose_engines()

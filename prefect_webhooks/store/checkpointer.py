@@ -29,7 +29,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 INTERVAL = 0.5
-RESTART_ABOVE = 64 * 1024 * 1024  # the engines' journal_size_limit: what the WAL is cut back to
+WAL_SIZE_LIMIT = 64 * 1024 * 1024  # the engines' journal_size_limit: what a WAL started again is cut back to
+RESTART_ABOVE = WAL_SIZE_LIMIT
 RESTART_WAIT_MS = 50
 RESTART_SECONDS = 2.0
 
@@ -41,7 +42,7 @@ class Checkpointer:
         self.path = Path(path)
         self.interval = interval or INTERVAL
         self.checkpoints = 0
-        self.restarts = 0
+        self._wal = self.path.with_name(f"{self.path.name}-wal")
         self._restarted_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"checkpoint {self.path.name}", daemon=True)
@@ -79,11 +80,10 @@ class Checkpointer:
         if time.monotonic() - self._restarted_at < RESTART_SECONDS:
             return "PASSIVE"
         try:
-            grown = (self.path.parent / f"{self.path.name}-wal").stat().st_size > RESTART_ABOVE
+            grown = self._wal.stat().st_size > RESTART_ABOVE
         except OSError:
             grown = False
         if not grown:
             return "PASSIVE"
-        self.restarts += 1
         self._restarted_at = time.monotonic()
         return "RESTART"

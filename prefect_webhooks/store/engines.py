@@ -28,7 +28,7 @@ except ImportError:  # not on Windows: there, processes opening a new store at o
 
 from prefect_webhooks.settings import get_settings, store_location
 from prefect_webhooks.store.bulk_insert import insert_rows as insert_rows  # its home before bulk_insert
-from prefect_webhooks.store.checkpointer import Checkpointer
+from prefect_webhooks.store.checkpointer import WAL_SIZE_LIMIT, Checkpointer
 from prefect_webhooks.store.file_modes import prepare_store_file
 from prefect_webhooks.store.tables import OutboxMessage, StoreIdentity, dialect_insert
 from prefect_webhooks.store.upgrades import move_history_to_log, upgrade_store
@@ -60,7 +60,7 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA cache_size=-65536")
     # After a checkpoint the WAL file is cut back to 64 MB: a burst (a pruning pass, a replay) does not leave a
     # WAL as big as its peak for the life of the store.
-    cursor.execute("PRAGMA journal_size_limit=67108864")
+    cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     cursor.close()
 
 

@@ -44,8 +44,9 @@ def test_a_removed_store_is_not_made_again_by_its_checkpointer(tmp_path: Path) -
 
 
 def test_the_wal_starts_again_under_writes_that_never_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Writes back to back with a reader beside them: a PASSIVE checkpoint alone never finds the WAL wholly copied
-    # when the next writer starts, so the WAL is never started again and holds all 300 MB written.
+    # Writes back to back with short reads beside them, as serve's lookups are: a PASSIVE checkpoint alone never
+    # finds the WAL wholly copied when the next writer starts, so the WAL is never started again and holds all 300 MB
+    # written. (A reader that scans the whole growing table would hold the WAL longer than a RESTART waits for.)
     monkeypatch.setattr(checkpointer, "INTERVAL", 0.1)
     monkeypatch.setattr(checkpointer, "RESTART_ABOVE", 8_000_000)
     monkeypatch.setattr(checkpointer, "RESTART_SECONDS", 0.2)
@@ -57,7 +58,7 @@ def test_the_wal_starts_again_under_writes_that_never_pause(tmp_path: Path, monk
     def read_on() -> None:
         while not stop.is_set():
             with engine.connect() as connection:
-                connection.exec_driver_sql("SELECT count(*) FROM filler").scalar_one()
+                connection.exec_driver_sql("SELECT length(body) FROM filler ORDER BY rowid DESC LIMIT 1").all()
 
     def started_again() -> int:
         # The WAL header's checkpoint sequence number: one more each time a writer starts the WAL from its beginning.
@@ -71,14 +72,17 @@ def test_the_wal_starts_again_under_writes_that_never_pause(tmp_path: Path, monk
         reader = threading.Thread(target=read_on)
         reader.start()
         try:
+            largest = 0
             for _ in range(300):
                 with engine.begin() as connection:
                     connection.execute(text("INSERT INTO filler VALUES (:b)"), [{"b": os.urandom(4000)}] * 250)
-            wal_bytes, restarts = wal.stat().st_size, started_again() - first
+                largest = max(largest, wal.stat().st_size)
+            restarts = started_again() - first
         finally:
             stop.set()
             reader.join()
         assert restarts >= 2, f"the WAL was started again {restarts} time(s) while 300 MB were written"
-        assert wal_bytes < 250_000_000, f"the WAL holds {wal_bytes / 1e6:.0f} MB of the 300 MB written"
+        # 38-57 MB with two cores kept busy beside the test; the 64 MB cut applies to a WAL started again.
+        assert largest < 150_000_000, f"the WAL grew to {largest / 1e6:.0f} MB of the 300 MB written"
     finally:
         dispose_engines()

@@ -30,6 +30,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -201,22 +202,29 @@ def log_bytes(url: str) -> tuple[float, int]:
     return used / max(count, 1), count
 
 
+def sample_kept(connection: Any, count: int) -> list[Any]:
+    """About ``count`` kept messages (``KeptMessage``) to look up, from the oldest six partitions."""
+    from prefect_webhooks.store.log_partitions import kept_partitions
+    from prefect_webhooks.store.message_log import decode_rows
+
+    sample = []
+    for partition in kept_partitions(connection)[:6]:
+        rows = connection.execute(partition.table.select().limit(count // 6 + 1)).all()
+        sample += decode_rows(connection, rows, partition)
+    return sample[:count]
+
+
 def lookup_times(url: str, probes: int = 200) -> dict[str, list[float]]:
     """Milliseconds per lookup by messageId, by user (newest 50), and by destination over an hour (newest 50)."""
     from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_partitions import kept_partitions
-    from prefect_webhooks.store.message_log import decode_rows, find_kept
+    from prefect_webhooks.store.message_log import find_kept
     from prefect_webhooks.store.tables import store_now
 
     engine = get_engine(url)
     rng = random.Random(11)
     times: dict[str, list[float]] = {"messageId": [], "user": [], "destination, 1 h": []}
     with engine.connect() as connection:
-        sample = []
-        for partition in kept_partitions(connection)[:6]:
-            rows = connection.execute(partition.table.select().limit(probes // 6 + 1)).all()
-            sample += decode_rows(connection, rows, partition)
-        ids = [(message.content.message_id, message.content.user_id) for message in sample]
+        ids = [(message.content.message_id, message.content.user_id) for message in sample_kept(connection, probes)]
         for message_id, user_id in ids[:probes]:
             began = time.perf_counter()
             found = find_kept(connection, message_id=message_id)
@@ -235,22 +243,12 @@ def lookup_times(url: str, probes: int = 200) -> dict[str, list[float]]:
     return times
 
 
-def console_times(url: str, probes: int = 20) -> dict[str, list[float]]:
-    """Milliseconds per console page, what each reads from the store and its HTML (the destination block, read from
-    the Prefect API, left out): after 24 hours of per-minute counters for each destination (1,440 minutes, three
-    outcomes, three kinds of reason) are added to the store."""
-    from datetime import timedelta
-
-    from prefect_webhooks.console import pages
-    from prefect_webhooks.console.charts import outcome_chart
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
-    from prefect_webhooks.store.message_search import Refinement, search_messages
-    from prefect_webhooks.store.metrics import backlog_snapshot
-    from prefect_webhooks.store.minute_counts import add_minute_outcomes, add_minute_reasons, minute_series, top_reasons
+def add_day_of_minute_counts(engine: Any) -> None:
+    """24 hours of per-minute counters for each destination (1,440 minutes, three outcomes, three kinds of reason),
+    what the console's charts read."""
+    from prefect_webhooks.store.minute_counts import add_minute_outcomes, add_minute_reasons
     from prefect_webhooks.store.tables import store_now
 
-    engine = get_engine(url)
     now = store_now()
     with engine.begin() as connection:
         for minute in range(1440):
@@ -259,6 +257,24 @@ def console_times(url: str, probes: int = 20) -> dict[str, list[float]]:
                                              for o in ("delivered", "failed", "filtered")}, at, 0)
             add_minute_reasons(connection, [(d, "failed", reason, minute) for d in DESTINATIONS for reason in (
                 "expired: HTTP 500", "permanent: HTTP 410", "expired: connection error: timeout")], at, 0)
+
+
+def console_times(url: str, probes: int = 20) -> dict[str, list[float]]:
+    """Milliseconds per console page, what each reads from the store and its HTML (the destination block, read from
+    the Prefect API, left out): after 24 hours of per-minute counters for each destination (1,440 minutes, three
+    outcomes, three kinds of reason) are added to the store."""
+
+    from prefect_webhooks.console import pages
+    from prefect_webhooks.console.charts import outcome_chart
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
+    from prefect_webhooks.store.message_search import Refinement, search_messages
+    from prefect_webhooks.store.metrics import backlog_snapshot
+    from prefect_webhooks.store.minute_counts import minute_series, top_reasons
+    from prefect_webhooks.store.tables import store_now
+
+    engine = get_engine(url)
+    add_day_of_minute_counts(engine)
     rng = random.Random(5)
     times: dict[str, list[float]] = {"overview": [], "destination (chart, reasons)": [], "messages, newest 50": [],
                                      "messages by reason, newest 50 failed": [],

@@ -169,11 +169,17 @@ class Bench:
 
     def load(self, rate: int, seconds: float) -> dict[str, Any]:
         """One open-loop step; returns the generator's figures with the receiver's for the step."""
+        return self.finish_load(*self.start_load(rate, seconds), seconds)
+
+    def start_load(self, rate: int, seconds: float) -> tuple[Any, int]:
+        """An open-loop step started in the background: its generator process and step number."""
         STEP[0] += 1
-        step = STEP[0]
         spec = {"url": f"{self.ingest_url}/v1/batch", "auth": self.auth, "batch": 100, "seconds": seconds,
-                "step": step, "rate": rate, "first": 0, "run": self.run}
-        figures = finish_generator(start_generator(spec), seconds + 300)
+                "step": STEP[0], "rate": rate, "first": 0, "run": self.run}
+        return start_generator(spec), STEP[0]
+
+    def finish_load(self, generator: Any, step: int, seconds: float) -> dict[str, Any]:
+        figures = finish_generator(generator, seconds + 300)
         figures["step"] = step
         return figures
 

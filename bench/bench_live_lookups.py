@@ -54,8 +54,9 @@ def prepare(url: str, kept: int) -> int:
     if kept:
         seconds = build_history(url, kept)
         print(f"built {kept:,} messages of history in {seconds:.0f} s", flush=True)
-    seal_log_partitions(get_engine(url))
-    add_day_of_minute_counts(get_engine(url))
+    engine = get_engine(url)
+    seal_log_partitions(engine)
+    add_day_of_minute_counts(engine)
     dispose_engines()
     return kept_messages(url)
 

@@ -263,7 +263,6 @@ def console_times(url: str, probes: int = 20) -> dict[str, list[float]]:
     """Milliseconds per console page, what each reads from the store and its HTML (the destination block, read from
     the Prefect API, left out): after 24 hours of per-minute counters for each destination (1,440 minutes, three
     outcomes, three kinds of reason) are added to the store."""
-
     from prefect_webhooks.console import pages
     from prefect_webhooks.console.charts import outcome_chart
     from prefect_webhooks.store.engines import get_engine

@@ -344,6 +344,10 @@ def main() -> int:
                         help="messages of history to build; 0 measures the --store given as it is")
     parser.add_argument("--store", default="", help="the aged store's URL (default: a scratch SQLite file)")
     parser.add_argument("--build-only", action="store_true", help="build the history and stop")
+    parser.add_argument("--span", type=float, default=86400,
+                        help="seconds the delivered history spreads over (the retention it stands for; failed "
+                             "messages over seven times as long); the dedupe window is PREFECT_WEBHOOKS_DEDUPE_WINDOW_"
+                             "SECONDS, else the delivered retention")
     parser.add_argument("--no-size", action="store_true",
                         help="skip the size per message (it reads every page: 14+ minutes for a store of 14 GB)")
     parser.add_argument("--hot-messages", type=int, default=20_000, help="messages through the hot path per store")
@@ -371,7 +375,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
     os.environ.setdefault("PREFECT_WEBHOOKS_HOME", str(scratch))
     kept = args.kept
     if kept:
-        seconds = build_history(aged, kept)
+        seconds = build_history(aged, kept, span=args.span)
         print(f"built {kept:,} kept messages in {seconds:.1f} s ({kept / seconds:,.0f}/s) into {aged}")
     if args.build_only:
         return 0

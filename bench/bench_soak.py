@@ -158,6 +158,7 @@ class Bench:
         port = free_port()
         env = {**self.env, "PREFECT_WEBHOOKS_DATABASE_URL": store_url,
                "PREFECT_WEBHOOKS_HOME": str(self.workdir / f"home-{port}"),
+               **dict(getattr(self.args, "serve_env", None) or ()),  # bench_live_lookups has no such option
                **{f"PREFECT_WEBHOOKS_{name.upper()}": value for name, value in settings.items()}}
         command = [sys.executable, "-m", "prefect_webhooks.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
         self.ingest_url = f"http://127.0.0.1:{port}"
@@ -438,10 +439,13 @@ def main() -> int:
     parser.add_argument("--postgres", default=None, help="PostgreSQL server URL (default: a throwaway one)")
     parser.add_argument("--capacity-rates", type=int, nargs="+", default=[3000, 4000, 4500, 5000, 5500, 6000])
     parser.add_argument("--step-seconds", type=float, default=40.0)
+    parser.add_argument("--serve-env", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                        help="a setting for every serve of the run, e.g. PREFECT_WEBHOOKS_RETENTION_DELIVERED 3600")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"bench_soak: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; receiver {BENCH / 'recorder.py'}", flush=True)
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; receiver {BENCH / 'recorder.py'}"
+          f"{''.join(f'; {name}={value}' for name, value in args.serve_env or ())}", flush=True)
     phases = {"soak": phase_soak, "prune": phase_prune, "prefect": phase_prefect, "history": phase_history}
     ok = True
     with ExitStack() as stack:

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,26 @@ def test_the_receiver_outage_figures_count_from_the_recovery() -> None:
     assert delays_back_under(worst, 1.0, 20.0) == 6.0
     assert delays_back_under({**worst, 30: 2.0}, 1.0, 20.0) == 11.0
     assert delays_back_under({**worst, 39: 2.0}, 1.0, 20.0) is None
+
+
+def test_history_spreads_over_the_span_it_is_given(tmp_path: Path) -> None:
+    """``--span`` stands for a shorter retention: the delivered history finished within the span before the build,
+    the failed within seven times it."""
+    store = f"sqlite:///{tmp_path / 'aged.db'}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PYTEST_"))}
+    started = time.time()
+    built = subprocess.run([sys.executable, str(BENCH / "bench_message_log.py"), "--build-only", "--kept", "3000",
+                            "--span", "600", "--store", store], capture_output=True, text=True, timeout=240, env=env,
+                           cwd=BENCH.parent)
+    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
+    from sqlalchemy import create_engine
+
+    from prefect_webhooks.store.log_partitions import kept_partitions
+
+    with create_engine(store).connect() as connection:
+        for kind, span in (("delivered", 600), ("failed", 4200)):
+            oldest, newest = zip(*(connection.exec_driver_sql(
+                f"SELECT min(finished_ms), max(finished_ms) FROM {partition.name}").one()
+                for partition in kept_partitions(connection, kind)), strict=True)
+            assert started - span - 5 <= min(oldest) / 1000 < started - span / 2, kind
+            assert max(newest) / 1000 <= time.time(), kind

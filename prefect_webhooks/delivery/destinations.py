@@ -129,6 +129,7 @@ class DestinationCache:
         self._entries: dict[str, tuple[float, ResolvedDestination]] = {}
         self._loading: dict[str, asyncio.Task[ResolvedDestination]] = {}
         self._copied: dict[str, dict[str, Any]] = {}
+        self._saved_forms: dict[str, tuple[WebhookDestination, dict[str, Any]]] = {}
         """What this process last read from or wrote to the local copy, by name (it rewrites only changes)."""
         self._generations: dict[str, int | None] = {}
         """The store's count of changes of each block, as last seen (``follow``)."""
@@ -189,8 +190,22 @@ class DestinationCache:
             del self._held_out[name]
         resolved = self._without_held_out(resolve(name, block))
         self._entries[name] = (time.monotonic(), resolved)
-        self._copy(name, block.model_dump(mode="json", context={"include_secrets": True}))
+        self._copy(name, self._saved_form(name, block))
         return resolved
+
+    def _saved_form(self, name: str, block: WebhookDestination) -> dict[str, Any]:
+        """``block`` as the local copy keeps it.
+
+        Prefect's serialiser builds the block's JSON schema once per field: 80-230 ms of the event loop per call,
+        every ``block_cache_seconds``, which held every send of the process meanwhile. A reload nearly always
+        returns the block unchanged, so an equal block reuses the last form.
+        """
+        last = self._saved_forms.get(name)
+        if last is not None and last[0] == block:
+            return last[1]
+        data = block.model_dump(mode="json", context={"include_secrets": True})
+        self._saved_forms[name] = (block, data)
+        return data
 
     def _copy(self, name: str, data: dict[str, Any] | None) -> None:
         if self._copied.get(name) != data:

@@ -116,3 +116,22 @@ async def test_an_endpoint_being_disabled_gets_no_requests_until_a_later_load_sa
     assert (await cache.get("held-out")).endpoints == (first,)
     cache.held_out_saved("held-out", saved=False)
     assert (await cache.get("held-out")).endpoints == (first, second)
+
+
+async def test_a_reload_finds_the_block_unchanged_and_a_changed_block_reaches_the_local_copy(
+    prefect_harness: None, home: Path
+) -> None:
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.blocks.saved import load_block
+
+    await asyncio.to_thread(save_destination, "reloaded", ["https://example.com/hook"], shared_secret=SECRET)
+    # The premise of reusing the local copy's form: two loads of an unsaved-since block are equal.
+    assert await load_block(WebhookDestination, "reloaded") == await load_block(WebhookDestination, "reloaded")
+    cache = DestinationCache(ttl=0)  # every get loads the block again
+    await cache.get("reloaded")
+    await cache.get("reloaded")
+    assert LocalCopy("destinations").read()["reloaded"]["shared_secret"] == SECRET
+    await asyncio.to_thread(save_destination, "reloaded", ["https://example.com/other"], shared_secret=SECRET + "-2")
+    assert [endpoint.url for endpoint in (await cache.get("reloaded")).endpoints] == ["https://example.com/other"]
+    copied = LocalCopy("destinations").read()["reloaded"]
+    assert copied["shared_secret"] == SECRET + "-2" and copied["endpoints"][0]["url"] == "https://example.com/other"

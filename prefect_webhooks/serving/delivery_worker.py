@@ -89,6 +89,7 @@ from prefect_webhooks.serving.shifts import (
     start_flow_run_shift,
     start_offline_shift,
 )
+from prefect_webhooks.serving.suspension_watch import watch_beside_the_loop
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
@@ -369,6 +370,7 @@ def main(start_deletion_runs: Annotated[bool, typer.Option(
     # (one more record for the server to store per task run): their states show in the UI already. Warnings and
     # errors of the batches (timeouts, failures) are still logged.
     logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    watch_beside_the_loop()  # each handover would hold every send of the process meanwhile
     worker = DeliveryWorker(start_deletion_runs=start_deletion_runs)
     stop_requested = threading.Event()
     try:

@@ -421,14 +421,14 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
 def tail_only_copy(aged: str, path: Path) -> str:
     """A copy of the aged store that keeps nothing but its newest partition (the one deliveries write to): the
     store with nothing kept that an aged one is compared with, its live partition the same."""
-    import shutil
     import sqlite3
 
-    source = aged.split("///", 1)[1]
-    with sqlite3.connect(source) as db:
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    shutil.copyfile(source, path)
+    # SQLite's backup copies a consistent snapshot, the WAL's pages included: copying the file after a checkpoint
+    # left it malformed whenever the checkpoint could not finish (a connection of this process still reading).
+    source = sqlite3.connect(aged.split("///", 1)[1])
     db = sqlite3.connect(path)
+    source.backup(db)
+    source.close()
     names = [row[0] for row in db.execute("SELECT name FROM message_log_partitions ORDER BY starts_at DESC")]
     for name in names[1:]:
         db.execute(f'DROP TABLE "{name}"')

@@ -129,8 +129,9 @@ class DestinationCache:
         self._entries: dict[str, tuple[float, ResolvedDestination]] = {}
         self._loading: dict[str, asyncio.Task[ResolvedDestination]] = {}
         self._copied: dict[str, dict[str, Any]] = {}
-        self._saved_forms: dict[str, tuple[WebhookDestination, dict[str, Any]]] = {}
         """What this process last read from or wrote to the local copy, by name (it rewrites only changes)."""
+        self._saved_forms: dict[str, tuple[WebhookDestination, dict[str, Any]]] = {}
+        """The block last loaded under each name and its serialised form (``_saved_form``)."""
         self._generations: dict[str, int | None] = {}
         """The store's count of changes of each block, as last seen (``follow``)."""
         self._held_out: dict[str, tuple[frozenset[str], float]] = {}

@@ -15,8 +15,12 @@ def test_the_first_due_time_after_the_last_claim_comes_first_and_close_ones_shar
     wakeups.note([now + timedelta(seconds=2), now + timedelta(seconds=1), now + timedelta(seconds=1.001)])
     first = wakeups.first_after(monotonic)
     assert first is not None and 1.0 <= first - monotonic < 1.0 + GRAIN + 0.05
-    # The claim at that time saw both messages due at about 1 s; the next wake-up is the one at 2 s.
+    # The claim at that time saw both messages due at about 1 s, unless a grain's edge fell in the millisecond between
+    # them: then the later one has the next grain's claim (about 1 in 50 runs). The next wake-up after is at 2 s.
     second = wakeups.first_after(first)
+    if second is not None and second - first < GRAIN * 1.5:
+        assert 1.0 <= second - monotonic < 1.0 + 2 * GRAIN + 0.05
+        second = wakeups.first_after(second)
     assert second is not None and 2.0 <= second - monotonic < 2.0 + GRAIN + 0.05
     assert wakeups.first_after(second) is None
 

@@ -292,6 +292,16 @@ class Processes:
         return figures
 
 
+def cpu_reference() -> str:
+    """The time of a fixed pure-Python workload, printed beside every run's figures: this machine (a VM sharing its
+    host) has run the same code 1.5-2x slower at some hours than at others, so figures from two runs compare only
+    where this one is alike."""
+    import timeit
+
+    best = min(timeit.repeat("sum(range(1000))", number=2000, repeat=15)) / 2000
+    return f"CPU reference sum(range(1000)) {best * 1e6:.1f} µs"
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy CPU seconds of the whole machine, all CPU seconds): other users' load shows here too."""
     import psutil
@@ -831,7 +841,7 @@ def main() -> int:
     env.update({"PYTHONPATH": str(ROOT), "PREFECT_HOME": str(workdir / "prefect-client"),
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     print(f"bench_capacity: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
-          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; batches of {args.batch}, "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; {cpu_reference()}; batches of {args.batch}, "
           f"steps of {args.step_seconds:.0f} s; work dir {workdir}", flush=True)
     exit_code = 0
     outcomes: list[dict[str, Any]] = []

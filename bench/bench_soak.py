@@ -47,6 +47,7 @@ from bench_capacity import (  # noqa: E402
     BENCH,
     ROOT,
     Postgres,
+    cpu_reference,
     finish_generator,
     free_port,
     receiver_stats,
@@ -465,7 +466,7 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"bench_soak: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; receiver {BENCH / 'recorder.py'}"
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {cpu_reference()}; receiver {BENCH / 'recorder.py'}"
           f"{''.join(f'; {name}={value}' for name, value in args.serve_env or ())}", flush=True)
     phases = {"soak": phase_soak, "prune": phase_prune, "prefect": phase_prefect, "history": phase_history}
     ok = True

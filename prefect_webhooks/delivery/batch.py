@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -153,8 +152,7 @@ async def process_batch(
         await store_call(settings, release_leases, engine, not_due, context.owner)
 
     ready, deferred = await _resolve_all(due, context, writes)
-    if not (first_try and _lease_is_fresh(batch, context)):
-        ready, deferred = await _still_held(ready, deferred, context, log)
+    ready, deferred = await _still_held(ready, deferred, context, log)
     ready, copies = await bind_to_endpoints(ready, context, writes)
     batch.rows.extend(copies)  # a retry of this batch re-reads them with the others
     if any(destination.filters is not None for _, destination in ready):
@@ -215,19 +213,6 @@ async def process_batch(
                          held=writes.held)
     context.stats.add(result)
     return result
-
-
-FRESH_LEASE_SHARE = 0.05
-"""A batch that reaches its requests within this share of the lease since its claim needs no fence: no other run
-can have claimed its rows, and at least 95 % of the lease is left for the waits before the requests start."""
-
-
-def _lease_is_fresh(batch: ClaimedBatch, context: DeliveryContext) -> bool:
-    """Whether the batch's claim is so recent that its lease cannot have lapsed (the fence's renewal would write
-    every row of the batch for nothing: a few µs a message, and a write transaction, on every batch)."""
-    if batch.claimed_at is None:
-        return False
-    return time.monotonic() - batch.claimed_at < context.settings.delivery.lease_seconds * FRESH_LEASE_SHARE
 
 
 async def _still_held(

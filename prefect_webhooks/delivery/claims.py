@@ -183,7 +183,7 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
             context.stats.batches += 1
             if shift is not None:
                 shift.batches_claimed += 1
-            in_flight.add(asyncio.ensure_future(run_batch(ClaimedBatch(rows, claimed_at), context)))
+            in_flight.add(asyncio.ensure_future(run_batch(ClaimedBatch(rows), context)))
             out_of_batches = max_batches is not None and claimed_batches >= max_batches
             if len(rows) < size:
                 next_claim_at = time.monotonic() + spacing

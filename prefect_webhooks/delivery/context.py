@@ -30,17 +30,12 @@ logger = logging.getLogger("prefect_webhooks.delivery")
 
 
 class ClaimedBatch:
-    """Rows claimed together; a plain object so Prefect passes it to the task without walking 500 bodies.
+    """Rows claimed together; a plain object so Prefect passes it to the task without walking 500 bodies."""
 
-    ``claimed_at`` is the monotonic time just before the claim that leased them (None when not known): the lease
-    runs from no earlier than that.
-    """
+    __slots__ = ("rows",)
 
-    __slots__ = ("claimed_at", "rows")
-
-    def __init__(self, rows: list[Claimed], claimed_at: float | None = None) -> None:
+    def __init__(self, rows: list[Claimed]) -> None:
         self.rows = rows
-        self.claimed_at = claimed_at
 
     @property
     def ids(self) -> list[int]:

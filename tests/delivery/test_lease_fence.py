@@ -7,12 +7,10 @@ lease lapsed, another run claimed and delivered the rows, then the first batch s
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 
 import orjson
 import pytest
-from sqlalchemy import event
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
@@ -71,30 +69,3 @@ async def test_a_batch_whose_lease_lapsed_while_it_waited_for_prefect_sends_noth
     assert late.delivered == 0 and late.rescheduled == 0
     assert sorted(received) == list(range(20)) and set(received.values()) == {1}
     assert {row.state for row in outbox()} == {"delivered"}
-
-
-@pytest.mark.parametrize("claimed_seconds_ago", [0.0, 7.0], ids=["fresh", "older-than-the-fresh-share"])
-async def test_only_a_batch_claimed_moments_ago_goes_to_its_requests_without_renewing_its_lease(
-    store_url: str, claimed_seconds_ago: float
-) -> None:
-    enqueue("fresh-dest", [track(n) for n in range(5)])
-    written: list[str] = []
-
-    def note_lease_writes(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        if statement.lstrip().upper().startswith("UPDATE OUTBOX") and "lease_expires_at" in statement:
-            written.append(statement)
-
-    with Receiver() as receiver:
-        async with Sender() as sender:
-            context = DeliveryContext(get_engine(), sender, owner="first")
-            context.destinations.remember("fresh-dest", WebhookDestination(endpoints=[{"url": receiver.url}]))
-            # Claimed with the default 120 s lease; the fence is left out within 5 % of it (6 s) of the claim.
-            claimed_at = time.monotonic() - claimed_seconds_ago
-            rows = claim_due_deliveries(get_engine(), 100, "first")
-            event.listen(get_engine(), "before_cursor_execute", note_lease_writes)
-            try:
-                result = await process_batch(ClaimedBatch(rows, claimed_at), context)
-            finally:
-                event.remove(get_engine(), "before_cursor_execute", note_lease_writes)
-    assert result.delivered == 5 and len(receiver.requests) == 5
-    assert len(written) == (0 if claimed_seconds_ago == 0.0 else 1)

@@ -246,7 +246,7 @@ def serve_parts(serve_pid: int) -> dict[str, list[int]]:
     """The direct children of ``serve`` by role."""
     import psutil
 
-    parts: dict[str, list[int]] = {"ingest API": [], "delivery": [], "runner": []}
+    parts: dict[str, list[int]] = {"ingest API": [], "delivery": [], "runner": [], "pruner": []}
     with suppress(psutil.NoSuchProcess):
         for child in psutil.Process(serve_pid).children():
             with suppress(psutil.NoSuchProcess):
@@ -257,6 +257,8 @@ def serve_parts(serve_pid: int) -> dict[str, list[int]]:
                     parts["delivery"].append(child.pid)
                 elif "deployments.serve" in command:
                     parts["runner"].append(child.pid)
+                elif "serving.pruner" in command:
+                    parts["pruner"].append(child.pid)
     return parts
 
 

@@ -44,7 +44,6 @@ def measure(bench: Bench, url: str, args: argparse.Namespace) -> None:
         generator, step = bench.start_load(args.rate, args.seconds)
         time.sleep(args.skip)
         parts = {name: pids for name, pids in serve_parts(serve.pid).items() if pids}
-        parts["pruner"] = [pid for pid in _children(serve.pid) if pid not in sum(parts.values(), [])]
         before = {pid: counters(pid) for pids in parts.values() for pid in pids}
         started = time.monotonic()
         time.sleep(args.window)
@@ -62,14 +61,6 @@ def measure(bench: Bench, url: str, args: argparse.Namespace) -> None:
         print(f"  {name:>11}: {cpu / spent:5.0%} of a core, {cpu / events * 1e6:6.1f} µs CPU per event "
               f"({kernel / max(cpu, 1e-9):.0%} in the kernel), {written / events / 1e3:5.1f} KB written per event",
               flush=True)
-
-
-def _children(pid: int) -> list[int]:
-    import psutil
-
-    with suppress(psutil.NoSuchProcess):
-        return [child.pid for child in psutil.Process(pid).children()]
-    return []
 
 
 def main() -> int:

@@ -70,6 +70,7 @@ def build_history(
     from prefect_webhooks.settings import get_settings
     from prefect_webhooks.store.bulk_insert import insert_rows
     from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.log_names import name_ids
     from prefect_webhooks.store.log_partitions import (
         STATE_CODES,
         kept_partitions,
@@ -77,7 +78,6 @@ def build_history(
         partitions_for,
     )
     from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
-    from prefect_webhooks.store.message_log import name_ids
     from prefect_webhooks.store.seen_ids import remember_receipts
     from prefect_webhooks.store.tables import OutboxMessage, store_now
 

@@ -81,7 +81,8 @@ def finish(
 ) -> int:
     """Give queued messages an outcome as delivery would (moved to the log at ``at``, now by default); returns how
     many moved."""
-    from prefect_webhooks.store.message_log import Leaving, move_to_log
+    from prefect_webhooks.store.log_rows import Leaving
+    from prefect_webhooks.store.message_log import move_to_log
     from prefect_webhooks.store.tables import store_now
 
     at = at or store_now()

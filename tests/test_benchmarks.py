@@ -44,6 +44,9 @@ TINY_RUNS = {
                            r"idle serve, just started \(3,000 messages kept\)(.|\n)*lookup by user, newest 50: first "
                            r"[\d.]+ ms(.|\n)*while 200 events/s flow(.|\n)*console: a destination \(24-hour chart, "
                            r"top reasons\): first [\d.]+ ms(.|\n)*the stream: [\d,]+ accepted.* lost 0"),
+    "bench_record_transaction": (["--batch", "100", "--rounds", "2"],
+                                 r"packed ahead \(this release\) +transaction +[\d.]+ ms(.|\n)*"
+                                 r"packed inside \(reference\) +transaction +[\d.]+ ms(.|\n)*write lock held: [\d.]+x"),
     "bench_message_log": (["--kept", "3000", "--hot-messages", "1000", "--rounds", "1", "--probes", "20"],
                           r"log size: \d+ B per kept message(.|\n)*lookup by messageId: p50 [\d.]+ ms"
                           r"(.|\n)*console page destination \(chart, reasons\): p50 [\d.]+ ms"

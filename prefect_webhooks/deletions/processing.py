@@ -49,7 +49,8 @@ from prefect_webhooks.messages.timestamps import utcnow
 from prefect_webhooks.store.counters import add_outcomes
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.kept_purges import forget_pruned_sources, pruned_sources, purge_kept
-from prefect_webhooks.store.message_log import Leaving, find_kept, move_to_log
+from prefect_webhooks.store.log_rows import Leaving
+from prefect_webhooks.store.message_log import find_kept, move_to_log
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
 from prefect_webhooks.store.tables import (
     AudienceState,

@@ -8,9 +8,10 @@ from __future__ import annotations
 from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
+from prefect_webhooks.store.log_names import name_ids
 from prefect_webhooks.store.log_partitions import kept_partitions
 from prefect_webhooks.store.log_records import pack_record, text_key
-from prefect_webhooks.store.message_log import decode_rows, name_ids
+from prefect_webhooks.store.message_log import decode_rows
 from prefect_webhooks.store.tables import LogName, UserSourceKey
 
 NAMES = LogName.__table__

@@ -57,7 +57,9 @@ def epoch_ms(moment: datetime | None) -> int | None:
     """A naive-UTC time as whole milliseconds since the epoch (truncated: never later than the time itself)."""
     if moment is None:
         return None
-    return (moment.replace(tzinfo=None) - _EPOCH) // _MILLISECOND
+    if moment.tzinfo is not None:  # the store's times are naive already: ``replace`` costs a copy of each
+        moment = moment.replace(tzinfo=None)
+    return (moment - _EPOCH) // _MILLISECOND
 
 
 def from_epoch_ms(value: int | None) -> datetime | None:

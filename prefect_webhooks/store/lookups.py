@@ -16,7 +16,8 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from prefect_webhooks.messages.outcomes import PENDING, Attempt
-from prefect_webhooks.store.message_log import ATTEMPT_COLUMNS, find_kept
+from prefect_webhooks.store.log_rows import ATTEMPT_COLUMNS
+from prefect_webhooks.store.message_log import find_kept
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, to_store_time
 from prefect_webhooks.utilities.urls import display_url
 

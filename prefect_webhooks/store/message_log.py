@@ -7,7 +7,9 @@ that records it, with every attempt folded into its record. The log is built to 
   per-row delete at the ingest rate, nothing to vacuum.
 - **Compact.** The columns are the lookups' keys (numbers) and one compressed record (``log_records``): 246 bytes
   a kept message, indexes included, for the seed's shapes (550 in the queue-as-history layout before it).
-  Destinations, sources and URLs are small numbers (``message_log_names``).
+  Destinations, sources and URLs are small numbers (``log_names``).
+- **Packed outside the lock.** A batch's log rows are packed before its write transaction opens (``log_rows``);
+  the transaction checks each against the queue row it takes and packs again only one that changed meanwhile.
 - **Looked up by index.** Each partition has three indexes: messageId key, user key, and (destination, time). A
   lookup probes the partitions that may hold what it asks for (``log_filters``), newest first, a group per
   statement, and stops once its limit is met by messages newer than any partition left (``find_kept``).
@@ -16,25 +18,23 @@ that records it, with every attempt folded into its record. The log is built to 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import takewhile
 from typing import Any
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
 from prefect_webhooks.messages.outcomes import FAILED, Attempt
 from prefect_webhooks.store.bulk_insert import insert_rows
 from prefect_webhooks.store.log_filters import may_hold
+from prefect_webhooks.store.log_names import name_ids, names_of
 from prefect_webhooks.store.log_partitions import (
     KIND_OF_STATE,
-    STATE_CODES,
     STATE_OF_CODE,
     Partition,
-    _store,
     kept_partitions,
     partition_table,
     partitions_for,
@@ -42,10 +42,19 @@ from prefect_webhooks.store.log_partitions import (
 from prefect_webhooks.store.log_records import (
     PackedRecord,
     RecordContent,
-    epoch_ms,
     from_epoch_ms,
     pack_record,
-    text_key,
+)
+from prefect_webhooks.store.log_rows import (
+    ATTEMPT_COLUMNS,
+    Leaving,
+    PackedAhead,
+    attempt_of,
+    by_message,
+    in_order,
+    log_row,
+    queued_rows,
+    row_names,
 )
 from prefect_webhooks.store.log_statements import group_statement, lookup_parameters
 from prefect_webhooks.store.tables import (
@@ -53,79 +62,12 @@ from prefect_webhooks.store.tables import (
     LogName,
     LogPartition,
     OutboxMessage,
-    dialect_insert,
-    read_store_time,
 )
 
 OUTBOX = OutboxMessage.__table__
 ATTEMPTS = DeliveryAttempt.__table__
 PARTITIONS = LogPartition.__table__
 NAMES = LogName.__table__
-
-_names: dict[tuple[str, str], int] = {}  # (store, name) -> id; ids are never reused
-_lock = threading.Lock()
-
-
-def name_ids(connection: Connection, names: Iterable[str]) -> dict[str, int]:
-    """The numbers of ``names`` (destinations, sources, URLs), given one in the caller's transaction the first time
-    each is seen. Only a number read as already committed is remembered by the process (a rolled-back transaction
-    takes its new numbers with it)."""
-    store = _store(connection)
-    wanted = set(names)
-    found = {name: _names[store, name] for name in wanted if (store, name) in _names}
-    missing = sorted(wanted - set(found))
-    if not missing:
-        return found
-    committed = dict(connection.execute(select(NAMES.c.name, NAMES.c.id).where(NAMES.c.name.in_(missing))).all())
-    with _lock:
-        for name, name_id in committed.items():
-            _names[store, name] = name_id
-    found.update(committed)
-    new = [name for name in missing if name not in committed]
-    if new:
-        connection.execute(dialect_insert(connection)(NAMES).on_conflict_do_nothing(), [{"name": name} for name in new])
-        found.update(connection.execute(select(NAMES.c.name, NAMES.c.id).where(NAMES.c.name.in_(new))).all())
-    return found
-
-
-def names_of(connection: Connection, ids: Iterable[int]) -> dict[int, str]:
-    """The names of numbers ``name_ids`` gave."""
-    wanted = sorted({code for code in ids if code is not None})
-    if not wanted:
-        return {}
-    return dict(connection.execute(select(NAMES.c.id, NAMES.c.name).where(NAMES.c.id.in_(wanted))).all())
-
-
-@dataclass(slots=True)
-class Leaving:
-    """A queued message reaching its outcome: what the log keeps besides what the queue row holds.
-
-    Attributes:
-        id: The queue row.
-        state: delivered, filtered or failed.
-        reason: Why it failed or was filtered.
-        attempts: Attempts made; None keeps the queue row's count and first attempt time (a filtered message).
-        first_attempt_at: When it was first attempted.
-        finished_at: When it got there (naive UTC).
-        purge: Keep no personal data (body, user id, messageId): a deletion request dropped it.
-    """
-
-    id: int
-    state: str
-    reason: str | None
-    attempts: int | None
-    first_attempt_at: datetime | None
-    finished_at: datetime
-    purge: bool = False
-
-
-_QUEUED_COLUMNS = (OUTBOX.c.id, OUTBOX.c.destination, OUTBOX.c.source, OUTBOX.c.message_type, OUTBOX.c.message_id,
-                   OUTBOX.c.user_id, OUTBOX.c.body, OUTBOX.c.created_at, OUTBOX.c.attempts, OUTBOX.c.first_attempt_at,
-                   OUTBOX.c.endpoint)
-# An attempt's columns in ``Attempt``'s order.
-ATTEMPT_COLUMNS = (ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code,
-                   ATTEMPTS.c.error, ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome, ATTEMPTS.c.response)
-
 
 def attempt_rows(attempts: Iterable[Attempt]) -> list[dict[str, Any]]:
     """``delivery_attempts`` rows of ``attempts`` (of queued messages)."""
@@ -142,6 +84,7 @@ def move_to_log(
     only_pending: bool = True,
     owner: str | None = None,
     moved: set[int] | None = None,
+    packed: Mapping[int, PackedAhead] | None = None,
 ) -> dict[tuple[str, str], int]:
     """Move ``leaving`` from the queue to the log in the caller's transaction, with their attempts.
 
@@ -154,6 +97,8 @@ def move_to_log(
             its lease: one another worker took over after this one's lease ran out may yet be delivered there. (A
             delivered message moves whoever holds it: the receiver has it.)
         moved: When given, the ids of the rows that moved are added to it.
+        packed: Log rows ``log_rows.pack_ahead`` packed before the transaction; each is used only if its queue row
+            and earlier attempts are still those it was packed from, else the row is packed here.
 
     Returns:
         ``{(destination, state): moved}``: only rows that were still queued count.
@@ -162,7 +107,7 @@ def move_to_log(
     if not by_id:
         return {}
     fenced = [row.id for row in leaving if row.state == FAILED] if owner is not None else []
-    queued = _take_from_queue(connection, sorted(by_id), only_pending=only_pending, fenced=fenced, owner=owner)
+    queued = queued_rows(connection, sorted(by_id), take=True, only_pending=only_pending, fenced=fenced, owner=owner)
     moved_ids = {row[0] for row in queued}
     if moved is not None:
         moved |= moved_ids
@@ -171,68 +116,35 @@ def move_to_log(
     if not queued:
         return {}
     partitions = partitions_for(connection, {(KIND_OF_STATE[row.state], row.finished_at) for row in leaving})
-    tries: dict[int, list[Attempt]] = {}
-    for outbox_id, at, *rest in connection.execute(
-            delete(ATTEMPTS).where(ATTEMPTS.c.outbox_id.in_(moved_ids)).returning(*ATTEMPT_COLUMNS)):
-        tries.setdefault(outbox_id, []).append(Attempt(outbox_id, read_store_time(at), *rest))
-    for attempt in new_attempts:
-        if attempt.outbox_id in by_id:
-            tries.setdefault(attempt.outbox_id, []).append(attempt)
-    names = name_ids(connection, {name for row in queued for name in (row[1], row[2]) if name is not None}
-                     | {attempt.url for attempts in tries.values() for attempt in attempts})
+    earlier = by_message(attempt_of(row) for row in connection.execute(
+        delete(ATTEMPTS).where(ATTEMPTS.c.outbox_id.in_(moved_ids)).returning(*ATTEMPT_COLUMNS)))
+    rows: list[tuple[Leaving, dict[str, Any]]] = []
+    to_pack: list[tuple[Sequence[Any], list[Attempt]]] = []
+    for queued_row in queued:
+        before = in_order(earlier.get(queued_row[0], []))
+        ahead = packed.get(queued_row[0]) if packed else None
+        if ahead is not None and ahead.still(queued_row, before):
+            rows.append((by_id[queued_row[0]], ahead.row))
+        else:
+            to_pack.append((queued_row, before))
+    if to_pack:
+        new = by_message(new_attempts)
+        tries = {queued_row[0]: in_order([*before, *new.get(queued_row[0], [])]) for queued_row, before in to_pack}
+        names = name_ids(connection, {name for queued_row, _ in to_pack
+                                      for name in row_names(queued_row, tries[queued_row[0]])})
+        rows += [(by_id[queued_row[0]], log_row(queued_row, by_id[queued_row[0]], tries[queued_row[0]], names))
+                 for queued_row, _ in to_pack]
+    destinations = {queued_row[0]: queued_row[1] for queued_row in queued}
     rows_by_partition: dict[str, list[dict[str, Any]]] = {}
     counts: dict[tuple[str, str], int] = {}
-    for (outbox_id, destination, source, message_type, message_id, user_id, body, created_at, attempts, first,
-         endpoint) in queued:
-        outcome = by_id[outbox_id]
+    for outcome, row in rows:
         partition = partitions[KIND_OF_STATE[outcome.state], outcome.finished_at]
-        purge = outcome.purge
-        content = RecordContent(
-            message_type=message_type, source=source, message_id=None if purge else message_id,
-            user_id=None if purge else user_id, reason=outcome.reason,
-            attempts=attempts if outcome.attempts is None else outcome.attempts, created_at=read_store_time(created_at),
-            first_attempt_at=read_store_time(first) if outcome.attempts is None else outcome.first_attempt_at,
-            body=None if purge or body is None else bytes(body),
-            tries=sorted(tries.get(outbox_id, []), key=lambda attempt: attempt.attempted_at), endpoint=endpoint,
-        )
-        rows_by_partition.setdefault(partition.name, []).append({
-            "id": outbox_id, "destination_id": names[destination], "state": STATE_CODES[outcome.state],
-            "finished_ms": epoch_ms(outcome.finished_at), "message_key": text_key(content.message_id),
-            "user_key": text_key(content.user_id), "source_id": names[source] if source is not None else None,
-            "record": pack_record(content, outcome.finished_at, names),
-        })
-        counts[destination, outcome.state] = counts.get((destination, outcome.state), 0) + 1
-    for name, rows in rows_by_partition.items():
-        insert_rows(connection, partition_table(name), rows)
+        rows_by_partition.setdefault(partition.name, []).append(row)
+        key = (destinations[outcome.id], outcome.state)
+        counts[key] = counts.get(key, 0) + 1
+    for name, partition_rows in rows_by_partition.items():
+        insert_rows(connection, partition_table(name), partition_rows)
     return counts
-
-
-def _take_from_queue(
-    connection: Connection, ids: Sequence[int], *, only_pending: bool, fenced: Sequence[int], owner: str | None
-) -> Sequence[Sequence[Any]]:
-    """Delete ``ids`` from the queue (only pending ones, and of ``fenced`` only those ``owner`` holds) and return
-    their ``_QUEUED_COLUMNS``.
-
-    On SQLite the statement goes straight to the driver: compiling the expanding ``IN`` and converting each row's
-    times took a third of a delivery worker's time to record its outcomes; the times come back as text, which
-    ``read_store_time`` reads.
-    """
-    if connection.dialect.name != "sqlite":
-        removal = delete(OUTBOX).where(OUTBOX.c.id.in_(ids))
-        if only_pending:
-            removal = removal.where(OUTBOX.c.state == "pending")
-        if fenced:
-            removal = removal.where(or_(OUTBOX.c.id.not_in(fenced), OUTBOX.c.lease_owner == owner))
-        return connection.execute(removal.returning(*_QUEUED_COLUMNS)).all()
-    statement = f"DELETE FROM outbox WHERE id IN ({', '.join('?' * len(ids))})"
-    parameters: list[Any] = list(ids)
-    if only_pending:
-        statement += " AND state = 'pending'"
-    if fenced:
-        statement += f" AND (id NOT IN ({', '.join('?' * len(fenced))}) OR lease_owner = ?)"
-        parameters += [*fenced, owner]
-    returned = ", ".join(column.name for column in _QUEUED_COLUMNS)
-    return connection.exec_driver_sql(f"{statement} RETURNING {returned}", tuple(parameters)).all()
 
 
 def place_late_attempts(connection: Connection, attempts: Sequence[Attempt]) -> None:
@@ -255,15 +167,13 @@ def keep_late_attempts(connection: Connection, attempts: Sequence[Attempt]) -> i
     message's history rather than being dropped. This is rare, so the record is read back and written again (one
     primary-key probe per kept partition). A message no longer kept (purged or pruned) has no history to join.
     """
-    by_id: dict[int, list[Attempt]] = {}
-    for attempt in attempts:
-        by_id.setdefault(attempt.outbox_id, []).append(attempt)
+    by_id = by_message(attempts)
     if not by_id:
         return 0
     kept = find_kept(connection, ids=sorted(by_id))
     for message in kept:
         content = message.content
-        content.tries = sorted([*content.tries, *by_id[message.id]], key=lambda attempt: attempt.attempted_at)
+        content.tries = in_order([*content.tries, *by_id[message.id]])
         codes = name_ids(connection, {attempt.url for attempt in content.tries})
         table = partition_table(message.partition)
         connection.execute(table.update().where(table.c.id == message.id).values(

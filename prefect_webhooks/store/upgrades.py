@@ -23,7 +23,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.schema import CreateIndex
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
-from prefect_webhooks.store.message_log import Leaving, move_to_log
+from prefect_webhooks.store.log_rows import Leaving
+from prefect_webhooks.store.message_log import move_to_log
 from prefect_webhooks.store.tables import (
     DeletionRequest,
     OutboxMessage,

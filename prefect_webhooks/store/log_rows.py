@@ -77,6 +77,9 @@ def by_message(attempts: Iterable[Attempt]) -> dict[int, list[Attempt]]:
 
 def in_order(attempts: Iterable[Attempt]) -> list[Attempt]:
     """A message's attempts as its record keeps them: oldest first."""
+    attempts = list(attempts)
+    if len(attempts) < 2:  # most messages: one attempt, or none before this batch's
+        return attempts
     return sorted(attempts, key=lambda attempt: (attempt.attempted_at, attempt.url, attempt.outcome))
 
 
@@ -169,8 +172,11 @@ def pack_ahead(engine: Engine, leaving: Sequence[Leaving], new_attempts: Sequenc
         earlier = by_message(attempt_of(row) for row in connection.execute(
             select(*ATTEMPT_COLUMNS).where(ATTEMPTS.c.outbox_id.in_(ids))))
         new = by_message(new_attempts)
-        reads = [(row, in_order(earlier.get(row[0], []))) for row in queued]
-        tries = {row[0]: in_order([*before, *new.get(row[0], [])]) for row, before in reads}
-        names = known_name_ids(connection, {name for row, _ in reads for name in row_names(row, tries[row[0]])})
-    return {row[0]: PackedAhead(tuple(row), before, log_row(row, by_id[row[0]], tries[row[0]], names))
-            for row, before in reads if row_names(row, tries[row[0]]) <= names.keys()}
+        reads = []
+        for row in queued:
+            before = in_order(earlier.get(row[0], ()))
+            tries = in_order([*before, *new.get(row[0], ())])
+            reads.append((row, before, tries, row_names(row, tries)))
+        names = known_name_ids(connection, set().union(*(needed for *_, needed in reads)))
+    return {row[0]: PackedAhead(tuple(row), before, log_row(row, by_id[row[0]], tries, names))
+            for row, before, tries, needed in reads if needed <= names.keys()}

@@ -49,15 +49,16 @@ def seal_log_partitions(engine: Engine, now: datetime | None = None, pacer: Pace
     for name in names:
         table = partition_table(name)
         message_keys, user_keys = array("q"), array("q")  # a million rows as 16 MB, not as Python tuples
+        messages = 0
         try:
             with paced(pacer), engine.connect() as connection:
                 lowest, highest = connection.execute(select(func.min(table.c.id), func.max(table.c.id))).one()
                 for chunk in connection.execute(select(table.c.message_key, table.c.user_key)).partitions(50_000):
-                    for message_key, user_key in chunk:
-                        message_keys.append(message_key)
-                        if user_key is not None:
-                            user_keys.append(user_key)
-                seal = {"name": name, "messages": len(message_keys), "lowest_id": lowest, "highest_id": highest,
+                    messages += len(chunk)
+                    # A message a deletion request purged keeps neither key: nothing finds it by them.
+                    message_keys.extend(key for key, _ in chunk if key is not None)
+                    user_keys.extend(key for _, key in chunk if key is not None)
+                seal = {"name": name, "messages": messages, "lowest_id": lowest, "highest_id": highest,
                         "message_filter": KeyFilter.of_probe(Probe.of_numbers(message_keys)).to_bytes(),
                         "user_filter": KeyFilter.of_probe(Probe.of_numbers(sorted(set(user_keys)))).to_bytes()}
         except (OperationalError, ProgrammingError):
@@ -65,10 +66,10 @@ def seal_log_partitions(engine: Engine, now: datetime | None = None, pacer: Pace
         with paced(pacer), engine.begin() as connection:
             # Messages that reached the partition after the read above (only history written into the past does
             # that) would be missing from its filters: then it is sealed at a later pass.
-            if connection.execute(select(func.count()).select_from(table)).scalar_one() != len(message_keys):
+            if connection.execute(select(func.count()).select_from(table)).scalar_one() != messages:
                 continue
             listed = connection.execute(update(PARTITIONS).where(PARTITIONS.c.name == name)
-                                        .values(messages=len(message_keys))).rowcount
+                                        .values(messages=messages)).rowcount
             if listed:  # not dropped by retention meanwhile
                 connection.execute(dialect_insert(connection)(SEALS).on_conflict_do_nothing(), [seal])
         sealed += 1

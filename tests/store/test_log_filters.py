@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import event, select
 
+from prefect_webhooks.deletions.processing import purge_user
 from prefect_webhooks.messages.outcomes import Attempt
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.settings import get_settings
@@ -134,3 +135,25 @@ def test_a_process_that_serves_lookups_holds_the_filters_before_its_first_lookup
     finally:
         event.remove(engine, "before_cursor_execute", note)
     assert blobs == []  # both kinds of filter were read at start, none at the lookups
+
+
+def test_a_partition_holding_messages_a_deletion_request_purged_is_sealed(backend_url: str) -> None:
+    """A purged message keeps neither key; sealing its partition counts it and filters the others' keys (a keyless
+    row once stopped every pruning pass at the seal)."""
+    engine = get_engine(backend_url)
+    with engine.begin() as connection:
+        add_to_outbox(connection, outbox_rows("crm", [track("ann"), track("bob")], source="web",
+                                              message_ids=["m-ann", "m-bob"]))
+    deliver_all(engine, {})
+    with engine.begin() as connection:
+        add_to_outbox(connection, outbox_rows("crm", [track("bob", 1)], source="web", message_ids=["m-bob-queued"]))
+        # bob's kept message loses its keys; his queued one leaves the queue as failed, with none.
+        assert purge_user(connection, "bob", "deleted: request 1") == (1, 1, 0)
+
+    assert seal_log_partitions(engine, now=store_now() + timedelta(hours=1)) == 2
+    assert sorted(sealed_rows(engine).values()) == [(1, (1, 3, 3)), (2, (2, 1, 2))]
+    with engine.connect() as connection:
+        assert [m.id for m in find_kept(connection, message_id="m-ann")] == [1]
+        assert find_kept(connection, user_id="bob") == find_kept(connection, message_id="m-bob") == []
+        assert len(find_kept(connection)) == 3
+    assert prune_store(engine).removed["delivered"] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import suppress
@@ -16,6 +17,13 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import dispose_engines, get_engine
 from tests.leaked_processes import leaked_processes, mark_session
 from tests.receivers import Receiver
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # Started as a script's background job (`.ci/run &`, `nohup`), the suite inherits SIGINT ignored, and so would
+    # every process it starts: Ctrl-C tests of a child that relies on Python's KeyboardInterrupt (`prefect worker`)
+    # would then hang, or not, depending on whether an earlier test in the same worker had set a handler. The
+    # tests' processes start as from a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

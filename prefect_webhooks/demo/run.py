@@ -14,8 +14,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import suppress
@@ -246,6 +248,10 @@ def run_demo(run_dir: Path | None, *, timeout: float, linger: float = 0.0) -> in
     Returns:
         0 when every expected message arrived with a valid signature, 1 otherwise.
     """
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C ends the demo even when it was started with SIGINT ignored (a script's background job inherits
+        # that, and Python then raises no KeyboardInterrupt): the lingering would otherwise run its whole time.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     with demo_stack(run_dir) as stack:
         try:

@@ -26,7 +26,7 @@ from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import enqueue
-from tests.delivery.test_delivery import attempts, deliver, outbox, track
+from tests.delivery.test_delivery import attempts, deliver, deliver_once, outbox, track
 from tests.receivers import Receiver
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -199,7 +199,7 @@ async def test_token_requests_resume_after_the_pause_and_a_new_secret_starts_afr
 async def test_an_unreachable_token_endpoint_is_retried(fast: str) -> None:
     enqueue("d", [track()])
     with Receiver(default=503) as token_server, Receiver() as receiver:
-        await deliver({"d": oauth2_destination(receiver.url, token_server.url)})
+        await deliver_once({"d": oauth2_destination(receiver.url, token_server.url)})
         assert receiver.requests == []
     (row,) = outbox()
     assert row.state == PENDING and row.reason == f"OAuth2 token endpoint {token_server.url}: HTTP 503"

@@ -341,16 +341,18 @@ def capacity_steps(bench: Bench, rates: list[int], seconds: float) -> int:
     return capacity
 
 
-def through_first_pass(bench: Bench, rate: int, most_seconds: float = 300) -> None:
-    """Load at ``rate`` in 10 s steps until serve's first pruning pass has ended, so the capacity steps measure the
-    steady state: serve's first minutes hold its first shift handover and that pass, which on a store built before
-    the run seals what the builder left open. Those steps' figures are printed, not counted."""
+def through_first_pass(bench: Bench, rate: int, most_seconds: float = 300, least_seconds: float = 0) -> None:
+    """Load at ``rate`` in 10 s steps until serve's first pruning pass has ended (and ``least_seconds`` have
+    passed), so the capacity steps measure the steady state: serve's first minutes hold its first shift handover and
+    that pass, which on a store built before the run seals what the builder left open. Those steps' figures are
+    printed, not counted."""
     started, worst = time.monotonic(), []
-    while time.monotonic() - started < most_seconds:
+    while time.monotonic() - started < max(most_seconds, least_seconds):
         figures = bench.load(rate, 10)
         stats = bench.arrived(figures)
         worst.append((stats["p99"] or 99, figures["ack_p99"] or 0))
-        if "pruned " in bench.serve_log.read_text(errors="replace"):
+        if ("pruned " in bench.serve_log.read_text(errors="replace")
+                and time.monotonic() - started >= least_seconds):
             break
     print(f"  through serve's first pruning pass at {rate:,}/s ({len(worst) * 10} s, not counted): worst 10 s "
           f"delivery p99 {ms(max(d for d, _ in worst))} ms, ingest answer p99 {ms(max(a for _, a in worst))} ms",
@@ -431,7 +433,7 @@ def phase_history(bench: Bench) -> bool:
                       f"{ms(quantile(backlog, 0.95))} ms; `status` (its store read and table, in one process) p50 "
                       f"{ms(statistics.median(status))} ms p95 {ms(quantile(status, 0.95))} ms", flush=True)
                 if args.steady:
-                    through_first_pass(bench, args.capacity_rates[0])
+                    through_first_pass(bench, args.capacity_rates[0], least_seconds=args.warm_seconds)
                 results[label] = capacity_steps(bench, args.capacity_rates, args.step_seconds)
                 print(f"  capacity: {results[label]:,} events/s", flush=True)
                 for line in bench.serve_log.read_text(errors="replace").splitlines():
@@ -461,6 +463,9 @@ def main() -> int:
     parser.add_argument("--steady", action=argparse.BooleanOptionalAction, default=True,
                         help="history phase: load at the first rate until serve's first pruning pass has ended "
                              "before the capacity steps (its figures printed, not counted)")
+    parser.add_argument("--warm-seconds", type=float, default=0,
+                        help="history phase: the steady start lasts at least this long (serve's first minutes on a "
+                             "store built before the run: its filters read, its index pages cold)")
     parser.add_argument("--serve-env", nargs=2, action="append", metavar=("NAME", "VALUE"),
                         help="a setting for every serve of the run, e.g. PREFECT_WEBHOOKS_RETENTION_DELIVERED 3600")
     args = parser.parse_args()

@@ -1,6 +1,7 @@
 """One try of a claimed batch: resolve destinations, drop filtered messages, send, decide, record, emit events.
 
-While the batch sends, its leases are renewed, so no other run claims and sends the same messages meanwhile.
+While the batch sends, and until its outcomes are recorded, its leases are renewed, so no other run claims and sends
+the same messages meanwhile.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from prefect_webhooks.delivery.batching import hold_for_batch_wait, retry_together, send_batched, take_batched
@@ -169,15 +170,49 @@ async def process_batch(
     ready, in_turn = await take_in_order(ready, slots, context,
                                          lambda added: _drop_filtered(added, writes, context.stats))
     # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
-    # minutes): its leases are renewed while it sends, so no other run claims and sends them again meanwhile.
+    # minutes): its leases are renewed while it sends and until its outcomes are recorded, so no other run claims
+    # and sends them again meanwhile (a delivered row stays claimable until the record's DELETE commits).
     keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in (*ready, *batched)]))
     try:
         results_by_row, batched_results = await asyncio.gather(
             context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
                                     slots.times_of(ready), in_turn),
             send_batched(context, batched, prefix, writes, slots))
+        unsent = _decide_all(ready, batched, results_by_row, batched_results, deferred, writes, context,
+                             now=now, hold_seconds=hold_seconds)
+        await store_call(settings, record_outcomes, engine, writes.records)
     finally:
         keeper.cancel()
+    context.retry_wakeups.note(entry.next_attempt_at for entry in writes.records.rescheduled
+                               if entry.lease_owner is None)
+    if unsent:
+        await store_call(settings, release_leases, engine, unsent, context.owner)
+    await after_sending([*ready, *batched], [*results_by_row, *batched_results], context)
+    _log_timeouts(results_by_row, log)
+    for row, reason, attempts in writes.failures:
+        emit_delivery_failed(row.id, row.destination, reason, attempts)
+    records = writes.records
+    result = BatchResult(delivered=len(records.delivered), failed=len(records.failed),
+                         rescheduled=len(records.rescheduled) - len(writes.held), filtered=len(records.filtered),
+                         held=writes.held)
+    context.stats.add(result)
+    return result
+
+
+def _decide_all(
+    ready: list[tuple[Claimed, ResolvedDestination]],
+    batched: list[tuple[Claimed, ResolvedDestination]],
+    results_by_row: Sequence[Sequence[RequestResult]],
+    batched_results: Sequence[Sequence[RequestResult]],
+    deferred: list[Claimed],
+    writes: BatchWrites,
+    context: DeliveryContext,
+    *,
+    now: datetime,
+    hold_seconds: float | None,
+) -> list[int]:
+    """Decide each sent row's outcome into ``writes``; returns the ids left unsent (behind a retry of their user)."""
+    settings = context.settings
     finished = store_now()
     hold_until = None
     if hold_seconds is not None:
@@ -198,21 +233,7 @@ async def process_batch(
     for row in deferred:
         writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
                                                       finished + timedelta(seconds=settings.delivery.retry_base_delay)))
-    await store_call(settings, record_outcomes, engine, writes.records)
-    context.retry_wakeups.note(entry.next_attempt_at for entry in writes.records.rescheduled
-                               if entry.lease_owner is None)
-    if unsent:
-        await store_call(settings, release_leases, engine, unsent, context.owner)
-    await after_sending([*ready, *batched], [*results_by_row, *batched_results], context)
-    _log_timeouts(results_by_row, log)
-    for row, reason, attempts in writes.failures:
-        emit_delivery_failed(row.id, row.destination, reason, attempts)
-    records = writes.records
-    result = BatchResult(delivered=len(records.delivered), failed=len(records.failed),
-                         rescheduled=len(records.rescheduled) - len(writes.held), filtered=len(records.filtered),
-                         held=writes.held)
-    context.stats.add(result)
-    return result
+    return unsent
 
 
 async def _still_held(

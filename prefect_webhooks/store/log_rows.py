@@ -9,9 +9,9 @@ queue as before and uses a row packed ahead only when the queue row and the earl
 read (``PackedAhead.still``); any other (another worker's attempts since, a name not yet numbered) is packed there,
 as every row was before.
 
-The delivery worker does not call it yet: packing before the ``DELETE`` leaves delivered rows claimable for that
-long after its lease keeper stops, and under a 0.3 s test lease another run sent them again. It waits for the keeper
-to run until the outcomes are recorded.
+The delivery worker does not call it: the lock it saves did not turn into capacity (bench/README.md, "Records packed
+before the write lock"). Its lease keeper now runs until the outcomes are recorded, which packing ahead needs, since
+it keeps delivered rows claimable until the ``DELETE`` commits.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ that records it, with every attempt folded into its record. The log is built to 
   Destinations, sources and URLs are small numbers (``log_names``).
 - **Packed outside the lock, when given.** A caller may pack log rows before its write transaction opens
   (``log_rows.pack_ahead``); the transaction checks each against the queue row it takes and packs again only one
-  that changed meanwhile. The delivery worker does not do it yet (see ``outbox.record_outcomes``).
+  that changed meanwhile. The delivery worker does not: it was measured, not a gain (see ``outbox.record_outcomes``).
 - **Looked up by index.** Each partition has three indexes: messageId key, user key, and (destination, time). A
   lookup probes the partitions that may hold what it asks for (``log_filters``), newest first, a group per
   statement, and stops once its limit is met by messages newer than any partition left (``find_kept``).

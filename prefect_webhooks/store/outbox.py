@@ -213,11 +213,15 @@ def _lease_renewal(ids: Sequence[int], owner: str, until: datetime) -> Any:
 
 
 def extend_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetime) -> int:
-    """Push the lease of ``owner``'s pending rows among ``ids`` to ``until``; returns how many."""
+    """Push the lease of ``owner``'s pending rows among ``ids`` to ``until``, never back; returns how many.
+
+    Never back: a batch's lease keeper runs until its outcomes are recorded, and a renewal that commits just after
+    the record must not shorten the longer lease the record gave a row held for the task's next try.
+    """
     if not ids:
         return 0
     with engine.begin() as connection:
-        return connection.execute(_lease_renewal(ids, owner, until)).rowcount
+        return connection.execute(_lease_renewal(ids, owner, until).where(OUTBOX.c.lease_expires_at < until)).rowcount
 
 
 def renew_leases(engine: Engine, ids: Sequence[int], owner: str, until: datetime) -> set[int]:
@@ -316,8 +320,8 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
     leaving_ids = {row.id for row in leaving}
     staying = [attempt for attempt in records.attempts if attempt.outbox_id not in leaving_ids]
     moved: set[int] = set()
-    # Not packed ahead (``log_rows.pack_ahead``) yet: packing before the DELETE keeps delivered rows claimable for
-    # that long after the lease keeper stops, and a test with a 0.3 s lease then saw them sent twice.
+    # Not packed ahead (``log_rows.pack_ahead``): it halves the lock this transaction holds, but capacity was lower
+    # with it in both A/B runs of bench_soak's history phase (bench/README.md, "Records packed before the write lock").
     with engine.begin() as connection:
         counts = move_to_log(connection, leaving, records.attempts, owner=records.owner, moved=moved)
         if records.rescheduled:

@@ -7,6 +7,7 @@ lease lapsed, another run claimed and delivered the rows, then the first batch s
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import orjson
@@ -14,6 +15,7 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
+from prefect_webhooks.delivery import batch as batch_module
 from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch
 from prefect_webhooks.delivery.destinations import DestinationCache
@@ -67,5 +69,31 @@ async def test_a_batch_whose_lease_lapsed_while_it_waited_for_prefect_sends_noth
         received = Counter(n for request in receiver.requests for n in numbers(request))
     assert taken_over.delivered == 20
     assert late.delivered == 0 and late.rescheduled == 0
+    assert sorted(received) == list(range(20)) and set(received.values()) == {1}
+    assert {row.state for row in outbox()} == {"delivered"}
+
+
+async def test_a_batch_keeps_its_leases_until_its_outcomes_are_recorded(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A record slower than the lease: the store's disk busy (simulated: a slow fsync cannot be made on demand). The
+    # run's own claim loop claims again meanwhile; delivered rows stay claimable until the record's DELETE commits.
+    monkeypatch.setenv("PREFECT_WEBHOOKS_LEASE_SECONDS", "0.3")
+    get_settings.cache_clear()
+    real_record = batch_module.record_outcomes
+
+    def slow_record(*args: object, **kwargs: object) -> None:
+        time.sleep(1.0)
+        real_record(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "record_outcomes", slow_record)
+    enqueue("keeper-dest", [track(n) for n in range(20)])
+    with Receiver() as receiver:
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender, owner="keeper")
+            context.destinations.remember("keeper-dest", WebhookDestination(endpoints=[{"url": receiver.url}]))
+            stats = await deliver_due(DeliveryOptions(parallel_batches=2, idle_sleep=0.05), context=context)
+        received = Counter(n for request in receiver.requests for n in numbers(request))
+    assert stats.delivered == 20
     assert sorted(received) == list(range(20)) and set(received.values()) == {1}
     assert {row.state for row in outbox()} == {"delivered"}

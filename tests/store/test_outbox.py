@@ -136,6 +136,19 @@ def test_leased_rows_extend_and_release_only_touch_the_owners_pending_rows(store
     assert [row.lease_owner for row in stored] == [None, None, "b"]
 
 
+def test_extending_a_lease_never_shortens_one(store_url: str) -> None:
+    # A batch's lease keeper may renew just after its record held a row longer, for the task's next try.
+    engine = get_engine(store_url)
+    enqueue("crm", [track(n) for n in range(2)])
+    claim_due_deliveries(engine, 2, "a", lease_seconds=3600)
+    held_until = rows(engine)[0].lease_expires_at
+    assert extend_leases(engine, [1, 2], "a", store_now() + timedelta(seconds=30)) == 0
+    assert {row.lease_expires_at for row in rows(engine)} == {held_until}
+    later = store_now() + timedelta(hours=2)
+    assert extend_leases(engine, [1], "a", later) == 1
+    assert [to_ms(row.lease_expires_at) for row in rows(engine)] == [to_ms(later), to_ms(held_until)]
+
+
 def test_record_outcomes_writes_states_and_attempts_in_one_go(store_url: str) -> None:
     engine = get_engine(store_url)
     enqueue("crm", [track(n) for n in range(3)])

@@ -320,8 +320,9 @@ def record_outcomes(engine: Engine, records: OutcomeRecords) -> None:
     leaving_ids = {row.id for row in leaving}
     staying = [attempt for attempt in records.attempts if attempt.outbox_id not in leaving_ids]
     moved: set[int] = set()
-    # Not packed ahead (``log_rows.pack_ahead``): it halves the lock this transaction holds, but capacity was lower
-    # with it in both A/B runs of bench_soak's history phase (bench/README.md, "Records packed before the write lock").
+    # Not packed ahead (``log_rows.pack_ahead``): it halves the lock this transaction holds, but no run showed more
+    # capacity with it, and the A/B pair of capacity steps showed less (bench/README.md, "Records packed before the
+    # write lock").
     with engine.begin() as connection:
         counts = move_to_log(connection, leaving, records.attempts, owner=records.owner, moved=moved)
         if records.rescheduled:

@@ -456,6 +456,23 @@ def store_counts(url: str) -> dict[str, int]:
         return counts
 
 
+def settled_store_counts(url: str, expected: dict[str, int], quiet_seconds: float) -> dict[str, int]:
+    """The store's counts once they are ``expected``, or once they have not changed for ``quiet_seconds``.
+
+    The receiver can hold a batch's requests before the worker has committed their outcomes (the record's
+    transaction waits for the write lock behind a backlog): read at once, those messages still count as pending,
+    though nothing is wrong. Counts that stop changing short of ``expected`` are a real loss or leftover.
+    """
+    counts = store_counts(url)
+    changed_at = time.monotonic()
+    while counts != expected and time.monotonic() - changed_at < quiet_seconds:
+        time.sleep(0.5)
+        now = store_counts(url)
+        if now != counts:
+            counts, changed_at = now, time.monotonic()
+    return counts
+
+
 def pending_count(url: str) -> int:
     from sqlalchemy import func, select
 
@@ -656,8 +673,8 @@ def run_step(step: int, rate: int, args: argparse.Namespace, *, ingest_url: str,
         # overstates it: the step ends after the generator's last answer, and 'backlog gone' then never came).
         result.fault = outage.describe(stats, result.accepted / max(ended_at - started_at, 1e-9), started_at, ended_at)
     totals["accepted"] += result.accepted
-    counts = store_counts(store_url)
     expected = {"delivered": totals["accepted"]} if totals["accepted"] else {}
+    counts = settled_store_counts(store_url, expected, args.drain_timeout)
     if counts != expected:
         result.store_ok = False
         result.store_detail = f"store {counts}, expected {expected}"

@@ -129,3 +129,36 @@ def test_history_spreads_over_the_span_it_is_given(tmp_path: Path) -> None:
                 for partition in kept_partitions(connection, kind)), strict=True)
             assert started - span - 5 <= min(oldest) / 1000 < started - span / 2, kind
             assert max(newest) / 1000 <= time.time(), kind
+
+
+def test_the_capacity_check_waits_for_outcomes_the_receiver_has_before_the_store(store_url: str) -> None:
+    """The receiver can hold a batch before its outcomes commit; the step's store check waits for them, and still
+    reports what stays pending once the store stops changing."""
+    import threading
+
+    from prefect_webhooks.messages.outcomes import Attempt, Delivered, OutcomeRecords
+    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.outbox import enqueue, record_outcomes
+    from prefect_webhooks.store.tables import store_now
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_capacity import settled_store_counts, store_counts
+    finally:
+        sys.path.remove(str(BENCH))
+    engine = get_engine(store_url)
+    enqueue("crm", [{"version": 1, "type": "track", "userId": f"u{n}", "event": "E"} for n in range(3)])
+    assert settled_store_counts(store_url, {"delivered": 3}, 0.6) == {"pending": 3}
+
+    def record_late() -> None:
+        time.sleep(1.0)
+        now = store_now()
+        record_outcomes(engine, OutcomeRecords(
+            delivered=[Delivered(n, attempts=1, first_attempt_at=now, at=now, destination="crm") for n in (1, 2, 3)],
+            attempts=[Attempt(n, now, "http://a/", 200, None, 1.0, "delivered") for n in (1, 2, 3)]))
+
+    recorder = threading.Thread(target=record_late)
+    recorder.start()
+    assert store_counts(store_url) == {"pending": 3}
+    assert settled_store_counts(store_url, {"delivered": 3}, 3.0) == {"delivered": 3}
+    recorder.join()

@@ -176,7 +176,9 @@ async def process_batch(
     try:
         results_by_row, batched_results = await asyncio.gather(
             context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
-                                    slots.times_of(ready), in_turn),
+                                    slots.times_of(ready), in_turn,
+                                    [row.first_attempt_at and deadline_of(row.first_attempt_at, settings)
+                                     for row, _ in ready]),
             send_batched(context, batched, prefix, writes, slots))
         unsent = _decide_all(ready, batched, results_by_row, batched_results, deferred, writes, context,
                              now=now, hold_seconds=hold_seconds)
@@ -219,7 +221,9 @@ def _decide_all(
         hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.delivery.lease_seconds)
     unsent = []
     for (row, destination), results in zip((*ready, *batched), (*results_by_row, *batched_results), strict=True):
-        if not results:  # behind a message of its user that is to be retried (``ordering.take_in_order``)
+        # Not sent: behind a message of its user that is to be retried (``ordering.take_in_order``), or its deadline
+        # came before its turn (its next claim records it expired).
+        if not results:
             unsent.append(row.id)
             continue
         # An ordered destination's retry is never held for the task's next try (which waits for the window to

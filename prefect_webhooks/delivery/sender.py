@@ -218,6 +218,7 @@ class Sender:
         items: Sequence[tuple[ResolvedDestination, bytes, str]],
         not_before: Sequence[float] | None = None,
         in_turn: Sequence[Sequence[int]] = (),
+        not_after: Sequence[datetime | None] | None = None,
     ) -> list[list[RequestResult]]:
         """Send many ``(destination, body, message id)``; results in the same order.
 
@@ -226,18 +227,25 @@ class Sender:
         which it is not sent (its rate-limit slot); the items of one destination with a slot ahead go one after
         the other, each keeping its planned distance from the previous one. Each group of ``in_turn`` (indexes of
         items due now: one user's messages of an ordered destination) goes one after another and stops at the first
-        that is to be retried; the items after it are not sent and get no results.
+        that is to be retried; the items after it are not sent and get no results. ``not_after`` gives each item
+        its deadline (naive UTC; None: none): an item whose turn comes at or after it is not sent and gets no
+        results, like the items after it in its group.
         """
         results: list[list[RequestResult]] = [[] for _ in items]
 
         async def send_one(index: int) -> None:
+            # Checked at the item's turn, not when its batch was claimed: the store calls and rate-limit slots
+            # between the two may take a message that was due before its deadline past it.
+            deadline = not_after[index] if not_after is not None else None
+            if deadline is not None and store_now() >= deadline:
+                return
             destination, body, key = items[index]
             results[index] = await self.send(destination, body, key)
 
         async def send_in_turn(indexes: Sequence[int]) -> None:
             for index in indexes:
                 await send_one(index)
-                if ends_in_a_retry(results[index]):
+                if not results[index] or ends_in_a_retry(results[index]):
                     return
 
         def pool(units: list[Sequence[int]]) -> list[Coroutine[Any, Any, None]]:

@@ -7,7 +7,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -158,16 +158,26 @@ async def test_after_a_circuit_closes_the_backlog_ramps_up(store_url: str, monke
     assert len(first_second) <= 12, len(first_second)
 
 
+def retried_messages(first_attempt_at: datetime) -> None:
+    """30 messages to ``slow`` that had one attempt, the first at ``first_attempt_at``."""
+    enqueue("slow", calls("s", 30))
+    with get_engine().begin() as connection:
+        connection.execute(update(OUTBOX).values(attempts=1, first_attempt_at=first_attempt_at))
+
+
+def limited_context(sender: Sender, receiver: Receiver) -> DeliveryContext:
+    """A delivery context whose ``slow`` destination is ``receiver`` at 10 requests/s (slots 0.1 s apart)."""
+    context = DeliveryContext(get_engine(), sender)
+    context.destinations.remember("slow", WebhookDestination(endpoints=[{"url": receiver.url, "rate_limit": 10}]))
+    return context
+
+
 async def test_waiting_for_budget_does_not_count_against_the_retry_deadline(fast_settings: str) -> None:
     with Receiver() as receiver:
-        enqueue("slow", calls("s", 30))
         hour_ago = store_now() - timedelta(hours=1)
-        with get_engine().begin() as connection:
-            connection.execute(update(OUTBOX).values(attempts=1, first_attempt_at=hour_ago))
+        retried_messages(hour_ago)
         async with Sender() as sender:
-            context = DeliveryContext(get_engine(), sender)
-            context.destinations.remember("slow", WebhookDestination(
-                endpoints=[{"url": receiver.url, "rate_limit": 10}]))
+            context = limited_context(sender, receiver)
             rows = claim_due_deliveries(get_engine(), 100, context.owner)
             before = store_now()
             await process_batch(ClaimedBatch(rows), context)
@@ -182,6 +192,26 @@ async def test_waiting_for_budget_does_not_count_against_the_retry_deadline(fast
     for row in parked:
         put_off_at = row.next_attempt_at - (row.first_attempt_at - hour_ago)
         assert before - timedelta(milliseconds=2) <= put_off_at <= after, (before, put_off_at, after)
+
+
+async def test_a_slot_after_the_deadline_is_not_used_and_its_message_expires(fast_settings: str) -> None:
+    # Slots 0.1 s apart at 10/s; every message's 4-hour deadline falls 0.3 s after the claim, so the slots after it
+    # would attempt messages past their deadline (the check at the claim saw them due in time).
+    with Receiver() as receiver:
+        deadline = store_now() + timedelta(seconds=0.3)
+        retried_messages(deadline - timedelta(seconds=get_settings().delivery.max_retry_age))
+        async with Sender() as sender:
+            context = limited_context(sender, receiver)
+            await process_batch(ClaimedBatch(claim_due_deliveries(get_engine(), 100, context.owner)), context)
+            parked = {message.id for message in every_message() if (message.reason or "").startswith(THROTTLED_REASON)}
+            # The ones whose slot came too late went back to the outbox, due: the next claim finds them expired.
+            await process_batch(ClaimedBatch(claim_due_deliveries(get_engine(), 100, context.owner)), context)
+    attempted = every_attempt()
+    assert attempted and all(attempt.attempted_at <= deadline for attempt in attempted), (deadline, attempted)
+    assert len(receiver.requests) == len(attempted)
+    expired = [message for message in every_message() if message.state == "failed"]
+    assert expired and all(message.reason == "expired: not delivered (after 1 attempts)" for message in expired)
+    assert len(attempted) + len(expired) + len(parked) == 30, (len(attempted), len(expired), len(parked))
 
 
 @pytest.mark.slow

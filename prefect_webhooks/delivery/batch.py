@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefect_webhooks.delivery.batching import hold_for_batch_wait, retry_together, send_batched, take_batched
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
@@ -153,44 +153,24 @@ async def process_batch(
         await store_call(settings, release_leases, engine, not_due, context.owner)
 
     ready, deferred = await _resolve_all(due, context, writes)
-    ready, deferred = await _still_held(ready, deferred, context, log)
-    ready, copies = await bind_to_endpoints(ready, context, writes)
-    batch.rows.extend(copies)  # a retry of this batch re-reads them with the others
-    if any(destination.filters is not None for _, destination in ready):
-        ready = _drop_filtered(ready, writes, context.stats)
-    if context.key_prefix is None:
-        context.key_prefix = message_key_prefix(await store_call(settings, store_key, engine))
-    prefix = context.key_prefix
-    ready, batched = take_batched(ready)
-    if batched:
-        batched = await hold_for_batch_wait(context, batched, prefix, now)
-    # Rate limits, disabled endpoints and per-user order apply alike to messages sent alone and in batches.
-    ready, slots = await before_sending([*ready, *batched], context, writes.records)
-    ready, batched = take_batched(ready)
-    ready, in_turn = await take_in_order(ready, slots, context,
-                                         lambda added: _drop_filtered(added, writes, context.stats))
-    # A batch to a slow endpoint can take longer than the lease (2,000 messages at 32 in flight and 2 s each: two
-    # minutes): its leases are renewed while it sends and until its outcomes are recorded, so no other run claims
-    # and sends them again meanwhile (a delivered row stays claimable until the record's DELETE commits).
-    keeper = asyncio.ensure_future(_keep_leases(context, [row.id for row, _ in (*ready, *batched)]))
+    mine: set[int] = set()
+    ready, deferred = await _still_held(ready, deferred, context, mine, log)
+    # A batch can take longer than the lease (2,000 messages to a slow endpoint at 32 in flight and 2 s each: two
+    # minutes; a store call riding out a restart): from the fence until its outcomes are recorded its leases are
+    # renewed, so no other run claims and sends them meanwhile (a delivered row stays claimable until the record's
+    # DELETE commits).
+    keeper = asyncio.ensure_future(_keep_leases(context, mine))
     try:
-        results_by_row, batched_results = await asyncio.gather(
-            context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
-                                    slots.times_of(ready), in_turn,
-                                    [row.first_attempt_at and deadline_of(row.first_attempt_at, settings)
-                                     for row, _ in ready]),
-            send_batched(context, batched, prefix, writes, slots))
-        unsent = _decide_all(ready, batched, results_by_row, batched_results, deferred, writes, context,
-                             now=now, hold_seconds=hold_seconds)
-        await store_call(settings, record_outcomes, engine, writes.records)
+        sent = await _send_and_record(batch, ready, deferred, mine, writes, context, now, hold_seconds)
     finally:
         keeper.cancel()
+        context.give_up_rows(mine, mine)
     context.retry_wakeups.note(entry.next_attempt_at for entry in writes.records.rescheduled
                                if entry.lease_owner is None)
-    if unsent:
-        await store_call(settings, release_leases, engine, unsent, context.owner)
-    await after_sending([*ready, *batched], [*results_by_row, *batched_results], context)
-    _log_timeouts(results_by_row, log)
+    if sent.unsent:
+        await store_call(settings, release_leases, engine, sent.unsent, context.owner)
+    await after_sending(sent.pairs, sent.results, context)
+    _log_timeouts(sent.results[:sent.alone], log)
     for row, reason, attempts in writes.failures:
         emit_delivery_failed(row.id, row.destination, reason, attempts)
     records = writes.records
@@ -199,6 +179,56 @@ async def process_batch(
                          held=writes.held)
     context.stats.add(result)
     return result
+
+
+class _Sent(NamedTuple):
+    """What a batch sent and recorded."""
+
+    pairs: list[tuple[Claimed, ResolvedDestination]]
+    results: list[Sequence[RequestResult]]
+    """Each pair's requests; the first ``alone`` pairs were sent one message per request."""
+    alone: int
+    unsent: list[int]
+
+
+async def _send_and_record(
+    batch: ClaimedBatch,
+    ready: list[tuple[Claimed, ResolvedDestination]],
+    deferred: list[Claimed],
+    mine: set[int],
+    writes: BatchWrites,
+    context: DeliveryContext,
+    now: datetime,
+    hold_seconds: float | None,
+) -> _Sent:
+    """The batch past its fence: bind, filter, send, decide, record; ``mine`` grows with the rows it takes on."""
+    settings, engine = context.settings, context.engine
+    ready, copies = await bind_to_endpoints(ready, context, writes)
+    context.take_rows((row.id for row in copies), mine)
+    batch.rows.extend(copies)  # a retry of this batch re-reads them with the others
+    if any(destination.filters is not None for _, destination in ready):
+        ready = _drop_filtered(ready, writes, context.stats)
+    if context.key_prefix is None:
+        context.key_prefix = message_key_prefix(await store_call(settings, store_key, engine))
+    prefix = context.key_prefix
+    ready, batched = take_batched(ready)
+    if batched:
+        batched = await hold_for_batch_wait(context, batched, prefix, now, mine)
+    # Rate limits, disabled endpoints and per-user order apply alike to messages sent alone and in batches.
+    ready, slots = await before_sending([*ready, *batched], context, writes.records, mine)
+    ready, batched = take_batched(ready)
+    ready, in_turn = await take_in_order(ready, slots, context,
+                                         lambda added: _drop_filtered(added, writes, context.stats), mine)
+    results_by_row, batched_results = await asyncio.gather(
+        context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
+                                slots.times_of(ready), in_turn,
+                                [row.first_attempt_at and deadline_of(row.first_attempt_at, settings)
+                                 for row, _ in ready]),
+        send_batched(context, batched, prefix, writes, slots))
+    unsent = _decide_all(ready, batched, results_by_row, batched_results, deferred, writes, context,
+                         now=now, hold_seconds=hold_seconds)
+    await store_call(settings, record_outcomes, engine, writes.records)
+    return _Sent([*ready, *batched], [*results_by_row, *batched_results], len(ready), unsent)
 
 
 def _decide_all(
@@ -241,9 +271,13 @@ def _decide_all(
 
 
 async def _still_held(
-    ready: list[tuple[Claimed, ResolvedDestination]], deferred: list[Claimed], context: DeliveryContext, log: Any
+    ready: list[tuple[Claimed, ResolvedDestination]],
+    deferred: list[Claimed],
+    context: DeliveryContext,
+    mine: set[int],
+    log: Any,
 ) -> tuple[list[tuple[Claimed, ResolvedDestination]], list[Claimed]]:
-    """The fence before sending: renew the lease and keep only the rows this run still holds.
+    """The fence before sending: renew the lease and keep only the rows this run still holds (taken into ``mine``).
 
     A batch may wait between its claim and its requests (a store call riding out a restart, a slow block load). If
     its lease lapsed meanwhile and another run claimed the rows, that run sends them; sending them from here too
@@ -254,20 +288,27 @@ async def _still_held(
         return ready, deferred
     until = store_now() + timedelta(seconds=context.settings.delivery.lease_seconds)
     held = await store_call(context.settings, renew_leases, context.engine, ids, context.owner, until)
-    if len(held) == len(ids):
+    if len(held) < len(ids):
+        log.warning("%d message(s) of this batch were taken over by another run after the batch's lease lapsed: "
+                    "that run delivers them", len(ids) - len(held))
+    taken = context.take_rows(held, mine)
+    if len(taken) < len(held):
+        log.warning("%d message(s) of this batch are in another batch of this process, which claimed them first and "
+                    "whose lease lapsed: that batch delivers them", len(held) - len(taken))
+    if len(taken) == len(ids):
         return ready, deferred
-    log.warning("%d message(s) of this batch were taken over by another run after the batch's lease lapsed: that "
-                "run delivers them", len(ids) - len(held))
-    return [item for item in ready if item[0].id in held], [row for row in deferred if row.id in held]
+    return [item for item in ready if item[0].id in taken], [row for row in deferred if row.id in taken]
 
 
-async def _keep_leases(context: DeliveryContext, ids: list[int]) -> None:
-    """Renew this process's lease on ``ids`` every third of the lease until cancelled."""
+async def _keep_leases(context: DeliveryContext, ids: set[int]) -> None:
+    """Renew this process's lease on ``ids`` (a set the batch adds to) every third of the lease until cancelled."""
     lease = context.settings.delivery.lease_seconds
-    while ids:
+    while True:
         await asyncio.sleep(lease / 3)
+        if not ids:
+            continue
         try:
-            await store_call(context.settings, extend_leases, context.engine, ids, context.owner,
+            await store_call(context.settings, extend_leases, context.engine, sorted(ids), context.owner,
                              store_now() + timedelta(seconds=lease))
         except Exception as exc:
             # The lease runs out as it would have without renewal: at worst a message is sent twice.

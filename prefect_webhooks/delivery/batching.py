@@ -56,10 +56,10 @@ def _by_destination(pairs: Sequence[Pair]) -> dict[tuple[str, str | None], list[
 
 
 async def hold_for_batch_wait(
-    context: DeliveryContext, pairs: list[Pair], key_prefix: str, now: datetime
+    context: DeliveryContext, pairs: list[Pair], key_prefix: str, now: datetime, held: set[int]
 ) -> list[Pair]:
     """The messages to send now; the others (partial batches still within ``batch_wait``) go back to the outbox,
-    due when their oldest message was accepted ``batch_wait`` seconds ago."""
+    due when their oldest message was accepted ``batch_wait`` seconds ago, and leave ``held`` (the batch's rows)."""
     send: list[Pair] = []
     postponed: dict[datetime, list[int]] = {}
     for group in _by_destination(pairs).values():
@@ -73,6 +73,7 @@ async def hold_for_batch_wait(
         else:
             postponed.setdefault(until, []).extend(row.id for row, _ in group)
     for until, ids in postponed.items():
+        context.give_up_rows(ids, held)
         await store_call(context.settings, release_leases, context.engine, ids, context.owner, due_at=until)
     return send
 

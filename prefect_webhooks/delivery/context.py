@@ -12,7 +12,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -70,6 +70,26 @@ class DeliveryContext:
         """Endpoint states and ordered destinations as this process last read them from the store."""
         self.retry_wakeups = RetryWakeups()
         """When the retries this process scheduled fall due: the claim loop claims them then."""
+        self.sending: dict[int, set[int]] = {}
+        """Each row a batch of this process holds, from its fence until its outcomes are recorded: that batch's rows."""
+
+    def take_rows(self, ids: Iterable[int], held: set[int]) -> set[int]:
+        """Add to ``held``, one batch's rows, those of ``ids`` no other batch of this process holds; returns them.
+
+        The fence keeps a batch to the rows its process still leases. A lease that lapsed (the process stalled, or
+        the store was out longer than the lease) lets this process's own next claim take the same rows again under
+        the same owner, and that batch passes the fence too: this keeps them to the batch that took them first.
+        """
+        taken = {row_id for row_id in ids if self.sending.setdefault(row_id, held) is held}
+        held |= taken
+        return taken
+
+    def give_up_rows(self, ids: Iterable[int], held: set[int]) -> None:
+        """Remove ``ids`` from ``held`` (the batch gave them back to the outbox, or recorded their outcomes)."""
+        for row_id in list(ids):
+            if self.sending.get(row_id) is held:
+                del self.sending[row_id]
+            held.discard(row_id)
 
     def __repr__(self) -> str:
         return f"DeliveryContext(owner={self.owner!r})"

@@ -19,14 +19,17 @@ from prefect_webhooks.messages.outcomes import OutcomeRecords
 
 
 async def before_sending(
-    ready: list[Ready], context: DeliveryContext, records: OutcomeRecords
+    ready: list[Ready], context: DeliveryContext, records: OutcomeRecords, held: set[int]
 ) -> tuple[list[Ready], Slots]:
-    """The messages to send now (those of batching destinations included), and when those that took budget go."""
+    """The messages to send now (those of batching destinations included), and when those that took budget go.
+
+    ``held`` is the batch's rows; those given back to the outbox leave it.
+    """
     if not ready:
         return ready, Slots()
     ready = await fail_where_all_disabled(ready, records, context)
     await sync_ordered(ready, context)
-    ready = await hold_back(ready, context)
+    ready = await hold_back(ready, context, held)
     return await admit_ready(ready, context, records)
 
 

@@ -44,20 +44,26 @@ async def sync_ordered(ready: list[Ready], context: DeliveryContext) -> None:
             context.shared.note_ordered(destination.name, destination.ordered)
 
 
-async def hold_back(ready: list[Ready], context: DeliveryContext) -> list[Ready]:
-    """Give back the messages of ordered destinations that wait for an earlier message of their user."""
+async def hold_back(ready: list[Ready], context: DeliveryContext, held: set[int]) -> list[Ready]:
+    """Give back the messages of ordered destinations that wait for an earlier message of their user (they leave
+    ``held``, the batch's rows)."""
     ids = [row.id for row, destination in ready if destination.ordered]
     if not ids:
         return ready
     behind = set(await store_call(context.settings, behind_earlier, context.engine, ids))
     if not behind:
         return ready
+    context.give_up_rows(behind, held)
     await store_call(context.settings, release_leases, context.engine, sorted(behind), context.owner)
     return [(row, destination) for row, destination in ready if row.id not in behind]
 
 
 async def take_in_order(
-    ready: list[Ready], slots: Slots, context: DeliveryContext, keep: Callable[[list[Ready]], list[Ready]]
+    ready: list[Ready],
+    slots: Slots,
+    context: DeliveryContext,
+    keep: Callable[[list[Ready]], list[Ready]],
+    held: set[int],
 ) -> tuple[list[Ready], list[list[int]]]:
     """Add to ``ready`` each ordered user's next messages that can go in this batch, behind the claimed one.
 
@@ -66,6 +72,7 @@ async def take_in_order(
         slots: The rate budget they took (a message with a slot is never a run's head).
         context: The process's store and shared endpoint state.
         keep: What of the added messages is sent (a destination filter records the ones it drops).
+        held: The rows the batch holds until its outcomes are recorded; the followers it takes are added.
 
     Returns:
         The messages to send, and the runs that go in turn, as indexes into them (head first).
@@ -81,6 +88,7 @@ async def take_in_order(
         return ready, []
     followers = await store_call(context.settings, claim_followers, context.engine, sorted(heads), context.owner,
                                  per_user=FOLLOWERS_PER_USER, lease_seconds=context.settings.delivery.lease_seconds)
+    followers = await _not_sent_elsewhere(followers, context, held)
     if not followers:
         return ready, []
     added = keep([(row, heads[head_id]) for head_id, rows in followers.items() for row in rows])
@@ -91,3 +99,23 @@ async def take_in_order(
         head_id = behind[row.id]
         runs.setdefault(head_id, [index_of[head_id]]).append(offset)
     return [*ready, *added], list(runs.values())
+
+
+async def _not_sent_elsewhere(
+    followers: dict[int, list[Claimed]], context: DeliveryContext, held: set[int]
+) -> dict[int, list[Claimed]]:
+    """Cut each run at its first row another batch of this process is sending (the follower claim took it again
+    after that batch's lease lapsed); the rows after a cut go back to the outbox, the rest join ``held``."""
+    runs: dict[int, list[Claimed]] = {}
+    cut: list[int] = []
+    for head_id, rows in followers.items():
+        taken = context.take_rows((row.id for row in rows), held)
+        length = next((n for n, row in enumerate(rows) if row.id not in taken), len(rows))
+        run = rows[:length]
+        cut += [row.id for row in rows[length:] if row.id in taken]
+        if run:
+            runs[head_id] = run
+    if cut:
+        context.give_up_rows(cut, held)
+        await store_call(context.settings, release_leases, context.engine, cut, context.owner)
+    return runs

@@ -21,6 +21,7 @@ from prefect_webhooks.delivery.context import ClaimedBatch
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.ordering import set_ordered
 from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
 from tests.delivery.test_delivery import outbox, track
 from tests.outages import switched_api
@@ -97,3 +98,50 @@ async def test_a_batch_keeps_its_leases_until_its_outcomes_are_recorded(
     assert stats.delivered == 20
     assert sorted(received) == list(range(20)) and set(received.values()) == {1}
     assert {row.state for row in outbox()} == {"delivered"}
+
+
+async def test_rows_claimed_again_by_their_own_process_after_its_lease_lapsed_go_out_once(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process stalled past the lease (a loaded machine, a store outage longer than the lease) and its own claim
+    # loop took the rows again: the same owner, so the store's fence lets both batches through (CI, 2026-11-29: 20
+    # messages delivered twice). The first batch to reach its fence sends them; the other leaves them to it.
+    monkeypatch.setenv("PREFECT_WEBHOOKS_LEASE_SECONDS", "0.3")
+    get_settings.cache_clear()
+    enqueue("again-dest", [track(n) for n in range(20)])
+    with Receiver() as receiver:
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender, owner="stalled")
+            context.destinations.remember("again-dest", WebhookDestination(endpoints=[{"url": receiver.url}]))
+            first = claim_due_deliveries(get_engine(), 100, context.owner, lease_seconds=0.3)
+            await asyncio.sleep(0.4)
+            again = claim_due_deliveries(get_engine(), 100, context.owner, lease_seconds=0.3)
+            assert sorted(row.id for row in again) == sorted(row.id for row in first) and len(first) == 20
+            results = await asyncio.gather(process_batch(ClaimedBatch(first), context),
+                                           process_batch(ClaimedBatch(again), context))
+        received = Counter(n for request in receiver.requests for n in numbers(request))
+    assert sorted(received) == list(range(20)) and set(received.values()) == {1}
+    assert sorted(result.delivered for result in results) == [0, 20]
+    assert {row.state for row in outbox()} == {"delivered"} and not context.sending
+
+
+async def test_an_ordered_run_stops_at_a_row_another_batch_of_its_process_is_sending(
+    store_url: str,
+) -> None:
+    enqueue("ordered-dest", [{**track(n), "userId": "one-user"} for n in range(6)])
+    with Receiver() as receiver:
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender, owner="runs")
+            context.destinations.remember("ordered-dest", WebhookDestination(
+                endpoints=[{"url": receiver.url}], ordered=True))
+            set_ordered(get_engine(), "ordered-dest", True)
+            head = claim_due_deliveries(get_engine(), 100, context.owner)
+            elsewhere = [row.id for row in outbox()][2]
+            context.take_rows([elsewhere], set())  # as another batch of this process holding the third message
+            result = await process_batch(ClaimedBatch(head), context)
+        received = [n for request in receiver.requests for n in numbers(request)]
+    # The run stops before the third message; the ones after it go back to the outbox, unleased.
+    assert received == [0, 1] and result.delivered == 2
+    after = [row for row in outbox() if row.id > elsewhere]
+    assert [row.state for row in after] == ["pending"] * 3 and all(row.lease_owner is None for row in after)
+    assert list(context.sending) == [elsewhere]

@@ -3,7 +3,8 @@ writing a list of models with secrets the way Prefect's own serialiser cannot.""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import time
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from prefect import get_client
@@ -26,6 +27,29 @@ async def save_block(block: Block, name: str, *, overwrite: bool = False) -> UUI
 async def load_block(block_type: type[BlockT], name: str) -> BlockT:
     """Load the saved block ``name`` from async code, on every Prefect 3 release (``aload`` exists from 3.5)."""
     return await block_type.load(name, _sync=False)  # type: ignore[call-arg,misc]
+
+
+class RecentBlocks(Generic[BlockT]):
+    """Blocks of one type by name, each reused while it is younger than ``ttl`` seconds and the caller's count of
+    its changes has not moved: a page shown again and again loads the block once, not each time.
+
+    The count is read before the block is loaded, so a change that lands in between is loaded again next time.
+    """
+
+    def __init__(self, block_type: type[BlockT], ttl: float) -> None:
+        self.block_type = block_type
+        self.ttl = ttl
+        self._entries: dict[str, tuple[float, int | None, BlockT]] = {}
+
+    async def get(self, name: str, generation: int | None) -> BlockT:
+        """The block ``name``: the one kept while fresh and loaded at ``generation``, else loaded again."""
+        entry = self._entries.get(name)
+        if entry is not None and entry[1] == generation and time.monotonic() - entry[0] < self.ttl:
+            return entry[2]
+        self._entries.pop(name, None)
+        block = await load_block(self.block_type, name)
+        self._entries[name] = (time.monotonic(), generation, block)
+        return block
 
 
 def is_missing_block(exc: BaseException) -> bool:

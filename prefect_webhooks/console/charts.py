@@ -27,7 +27,9 @@ def outcome_chart(series: MinuteSeries) -> str:
     for index, total in enumerate(per_minute):
         if not total:
             continue
-        at = series.start + timedelta(minutes=index)
+        # Formatted once a minute, not once a bar part: a day's chart has up to 4,320 parts.
+        minute = (series.start + timedelta(minutes=index)).strftime("%Y-%m-%d %H:%M")
+        data_minute = minute.replace(" ", "T")
         bottom = float(HEIGHT)
         for outcome in STACK:
             count = series.counts[outcome][index]
@@ -37,8 +39,8 @@ def outcome_chart(series: MinuteSeries) -> str:
             bottom -= height
             parts.append(
                 f'<rect class="{outcome}" x="{index}" y="{bottom:.2f}" width="1" height="{height:.2f}" '
-                f'fill="{COLOURS[outcome]}" data-minute="{at:%Y-%m-%dT%H:%M}" data-count="{count}">'
-                f"<title>{at:%Y-%m-%d %H:%M} UTC: {count} {outcome}</title></rect>")
+                f'fill="{COLOURS[outcome]}" data-minute="{data_minute}" data-count="{count}">'
+                f"<title>{minute} UTC: {count} {outcome}</title></rect>")
     first, last = series.start, series.start + timedelta(minutes=minutes - 1)
     label = f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC, at most {peak} a minute"
     return (f'<svg class="chart" viewBox="0 0 {minutes} {HEIGHT}" preserveAspectRatio="none" role="img" '

@@ -113,7 +113,10 @@ def add_console_routes(app: FastAPI, engine: Engine) -> None:
     app.add_api_route(f"{PREFIX}/sign-in", sign_in, methods=["GET", "POST"], include_in_schema=False)
     route("/sign-out", sign_out, ("POST",))
     route("", lambda request, session: _overview(engine, session))
-    route("/destinations/{name}", lambda request, session: _destination(engine, request, session))
+    # The destination page reads its block as delivery does: kept for the block cache's seconds, read again at once
+    # after a change the store counts (an endpoint enabled or disabled here or by the command line).
+    blocks = _destination_blocks()
+    route("/destinations/{name}", lambda request, session: _destination(engine, blocks, request, session))
     route("/destinations/{name}/replay", lambda request, session: _replay(engine, request, session),
           ("GET", "POST"))
     route("/destinations/{name}/endpoints/{position:int}/{action}", _endpoint_action, ("GET", "POST"))
@@ -130,32 +133,47 @@ async def _overview(engine: Engine, session: str) -> Response:
     return _html(pages.overview_page(snapshot["destinations"], csrf_token(session)))
 
 
-async def _endpoint_views(name: str) -> list[Any] | str:
+def _destination_blocks() -> Any:
+    from prefect_webhooks.blocks.destination import WebhookDestination
+    from prefect_webhooks.blocks.saved import RecentBlocks
+    from prefect_webhooks.settings import get_settings
+
+    return RecentBlocks(WebhookDestination, get_settings().delivery.block_cache_seconds)
+
+
+async def _block_or_notice(name: str, blocks: Any, generation: int | None) -> Any:
+    """The destination's block, or why the page cannot show its endpoints (it still shows what the store knows)."""
     from prefect_webhooks.blocks.saved import is_missing_block
-    from prefect_webhooks.delivery.endpoint_admin import endpoint_views
 
     try:
-        return await endpoint_views(name)
-    except Exception as exc:  # the page still shows what the store knows
+        return await blocks.get(name, generation)
+    except Exception as exc:
         if is_missing_block(exc):
             return f"No WebhookDestination block named {name!r} is saved."
         return f"The destination block could not be loaded: {type(exc).__name__}"
 
 
-async def _destination(engine: Engine, request: Request, session: str) -> Response:
+async def _destination(engine: Engine, blocks: Any, request: Request, session: str) -> Response:
+    from prefect_webhooks.delivery.endpoint_admin import views_of
+    from prefect_webhooks.store.destination_changes import destination_generations
+    from prefect_webhooks.store.endpoint_states import read_states
     from prefect_webhooks.store.metrics import backlog_snapshot
     from prefect_webhooks.store.minute_counts import minute_series, top_reasons
     from prefect_webhooks.store.tables import store_now
 
     name = request.path_params["name"]
+    generation = (await run_in_threadpool(destination_generations, engine, [name])).get(name)
 
-    def read() -> tuple[Any, Any, Any]:
+    def read() -> tuple[Any, Any, Any, Any]:
         now = store_now()
         with engine.connect() as connection:
             series, reasons = minute_series(connection, name, now), top_reasons(connection, name, now)
-        return backlog_snapshot(engine, now)["destinations"].get(name, {}), series, reasons
+        states = read_states(engine, [name])
+        return backlog_snapshot(engine, now)["destinations"].get(name, {}), series, reasons, states
 
-    (figures, series, reasons), views = await asyncio.gather(run_in_threadpool(read), _endpoint_views(name))
+    (figures, series, reasons, states), block = await asyncio.gather(
+        run_in_threadpool(read), _block_or_notice(name, blocks, generation))
+    views = block if isinstance(block, str) else views_of(name, block, states)
     return _html(pages.destination_page(name, figures, views, outcome_chart(series), series.totals(), reasons,
                                         csrf_token(session), request.query_params.get("notice"), _prefect_ui()))
 

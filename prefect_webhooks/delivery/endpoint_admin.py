@@ -3,10 +3,12 @@ enabling or disabling them (the block's ``disabled_endpoints`` and the store's h
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.enabling import adisable_positions, aenable_endpoints
@@ -40,7 +42,11 @@ class EndpointView:
 async def endpoint_views(name: str) -> list[EndpointView]:
     """The endpoints of destination ``name`` with their limit, whether they are enabled, and their failure run."""
     block = await load_block(WebhookDestination, name)
-    states = read_states(get_engine(), [name])
+    return views_of(name, block, await asyncio.to_thread(read_states, get_engine(), [name]))
+
+
+def views_of(name: str, block: WebhookDestination, states: dict[tuple[str, str], Any]) -> list[EndpointView]:
+    """The endpoints of ``block``, saved as ``name``, with the store's health ``states`` (``read_states``)."""
     disabled = {entry.position: entry for entry in block.disabled_endpoints}
     views = []
     for position, endpoint in enumerate(block.endpoints, start=1):

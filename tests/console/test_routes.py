@@ -5,6 +5,7 @@ and replay and endpoint actions that go through the command line's paths."""
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -54,7 +55,8 @@ def test_sessions_forms_and_actions(prefect_harness: None, store_url: str) -> No
     enqueue("console-actions", [{"type": "track", "userId": f"u{n}", "event": "E"} for n in range(4)])
     finish(store_url, [1, 2, 3], FAILED, reason="permanent: HTTP 410", attempts=1)
     with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value(),
-                            env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": TOKEN}) as server:
+                            env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": TOKEN,
+                                 "PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS": "2"}) as server:
         # No session: every page is the sign-in form (401); a wrong token does not sign in; bearer works for scripts.
         assert httpx.get(f"{server.url}/console/destinations/console-actions", timeout=WAIT).status_code == 401
         wrong = httpx.post(f"{server.url}/console/sign-in", timeout=WAIT, data={"token": "nope"})
@@ -92,6 +94,16 @@ def test_sessions_forms_and_actions(prefect_harness: None, store_url: str) -> No
         enabled = client.post(f"{page}/endpoints/2/enable", data={"csrf": csrf})
         assert "Endpoint 2 enabled." in client.get(enabled.headers["location"]).text
         assert WebhookDestination.load("console-actions").disabled_endpoints == []
+        # The page keeps the block it loaded for the block cache's seconds, as delivery does: an endpoint enabled or
+        # disabled shows at once (above; the store counts the change), one saved elsewhere (the Prefect UI, a
+        # script) once the copy ages out.
+        assert "disabled by hand" not in client.get(page).text
+        WebhookDestination(endpoints=[{"url": "http://127.0.0.1:9/a"}, {"url": "http://127.0.0.1:9/b"},
+                                      {"url": "http://127.0.0.1:9/added"}]).save("console-actions", overwrite=True)
+        saved = time.monotonic()
+        while "http://127.0.0.1:9/added" not in client.get(page).text:
+            assert time.monotonic() - saved < 2 + WAIT, "the page never showed the endpoint saved elsewhere"
+            time.sleep(0.2)
         assert client.get(f"{page}/endpoints/2/explode").status_code == 404
 
         # Bad search input is named; signing out ends the session.

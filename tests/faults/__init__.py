@@ -4,7 +4,8 @@
 worker_main()"``): it delivers from the store in ``PREFECT_WEBHOOKS_DATABASE_URL`` to destinations given as JSON in
 ``WORKER_DESTINATIONS`` (``{name: [url, ...]}`` or ``{name: {block fields}}``, unsaved blocks, so no Prefect
 server is needed; ``{name: []}`` loads the saved block ``name`` from the Prefect API in ``PREFECT_API_URL``) with
-``deliver_due`` in continuous mode, and prints its stats as one JSON line.
+``deliver_due`` in continuous mode, and prints its stats as one JSON line. Workers started with ``start_workers``
+wait for each other before their first claim: a slow interpreter start does not leave one of them nothing to do.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +50,33 @@ def worker_main() -> None:
                     fields = urls if isinstance(urls, dict) else {"endpoints": [{"url": url} for url in urls]}
                     context.destinations.remember(name, WebhookDestination(**fields))
             options = DeliveryOptions(run_for_seconds=run_seconds, until_empty=until_empty, idle_sleep=0.1)
+            _wait_for_the_others()
             stats = await deliver_due(options, context=context)
             return {"owner": context.owner, **stats.summary()}
 
     print(json.dumps(asyncio.run(run())), flush=True)
+
+
+def _wait_for_the_others() -> None:
+    """Under ``start_workers``, say this worker is ready and wait (60 s at most) until all of them are."""
+    barrier = os.environ.get("WORKER_START_BARRIER")
+    if not barrier:
+        return
+    Path(barrier, str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(barrier)) < int(os.environ["WORKER_START_COUNT"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other workers did not start: {os.listdir(barrier)} ready")
+        time.sleep(0.01)
+
+
+def start_workers(count: int, barrier: Path, store_url: str, destinations: dict[str, Any], *, run_seconds: float,
+                  until_empty: bool, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    """Start ``count`` delivery workers (as ``start_worker``) that make their first claim together; ``barrier`` is an
+    empty folder where each says it is ready."""
+    env = {**env, "WORKER_START_BARRIER": str(barrier), "WORKER_START_COUNT": str(count)}
+    return [start_worker(store_url, destinations, run_seconds=run_seconds, until_empty=until_empty, env=env)
+            for _ in range(count)]
 
 
 def start_worker(store_url: str, destinations: dict[str, Any], *, run_seconds: float = 60.0,

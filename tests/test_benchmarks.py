@@ -162,3 +162,16 @@ def test_the_capacity_check_waits_for_outcomes_the_receiver_has_before_the_store
     assert store_counts(store_url) == {"pending": 3}
     assert settled_store_counts(store_url, {"delivered": 3}, 3.0) == {"delivered": 3}
     recorder.join()
+
+
+def test_cold_lookups_run_with_and_without_reading_ahead_on_a_built_store(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'aged.db'}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PYTEST_"))}
+    built = subprocess.run([sys.executable, str(BENCH / "bench_message_log.py"), "--build-only", "--kept", "3000",
+                            "--store", store], capture_output=True, text=True, timeout=240, env=env, cwd=BENCH.parent)
+    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
+    done = subprocess.run([sys.executable, str(BENCH / "bench_cold_lookups.py"), "--store", store, "--probes", "5",
+                           "--rounds", "1"], capture_output=True, text=True, timeout=240, env=env, cwd=BENCH.parent)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert re.search(r"round 1, reference, one partition after another \(before\): p50 [\d.]+ ms, p99 [\d.]+ ms"
+                     r"(.|\n)*round 1, read ahead: p50 [\d.]+ ms, p99 [\d.]+ ms", done.stdout), done.stdout

@@ -365,11 +365,13 @@ def test_a_killed_service_takes_its_parts_down(prefect_harness: None, store_url:
 
 
 def test_endpoint_disable_and_enable_reach_a_running_serve_at_once(
-    prefect_harness: None, store_url: str, tmp_path: Path
+    prefect_harness: None, store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``serve`` keeps each block for PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS (10 s by default, left so here): the
-    commands must not wait for that."""
+    commands (run in this process, on the same store and Prefect server) must not wait for that."""
     from prefect.settings import PREFECT_API_URL
+
+    from prefect_webhooks.cli import main
 
     port = free_port()
     auth = base64.b64encode(b"wk_toggle_test:").decode()
@@ -398,10 +400,9 @@ def test_endpoint_disable_and_enable_reach_a_running_serve_at_once(
         env.pop("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", None)
 
         def command(*args: str) -> str:
-            done = subprocess.run([sys.executable, "-m", "prefect_webhooks.cli", "endpoint", *args],
-                                  env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
-            assert done.returncode == 0, done.stderr
-            return done.stdout
+            capsys.readouterr()
+            assert main(["endpoint", *args]) == 0, capsys.readouterr().err
+            return capsys.readouterr().out
 
         with running_service(env, port, workdir / "service.log"):
             send(0)

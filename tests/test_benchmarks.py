@@ -164,7 +164,7 @@ def test_the_capacity_check_waits_for_outcomes_the_receiver_has_before_the_store
     recorder.join()
 
 
-def test_cold_lookups_run_with_and_without_reading_ahead_on_a_built_store(tmp_path: Path) -> None:
+def test_cold_lookups_run_beside_warm_ones_on_a_built_store(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'aged.db'}"
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PYTEST_"))}
     built = subprocess.run([sys.executable, str(BENCH / "bench_message_log.py"), "--build-only", "--kept", "3000",
@@ -173,5 +173,6 @@ def test_cold_lookups_run_with_and_without_reading_ahead_on_a_built_store(tmp_pa
     done = subprocess.run([sys.executable, str(BENCH / "bench_cold_lookups.py"), "--store", store, "--probes", "5",
                            "--rounds", "1"], capture_output=True, text=True, timeout=240, env=env, cwd=BENCH.parent)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    assert re.search(r"round 1, reference, one partition after another \(before\): p50 [\d.]+ ms, p99 [\d.]+ ms"
-                     r"(.|\n)*round 1, read ahead: p50 [\d.]+ ms, p99 [\d.]+ ms", done.stdout), done.stdout
+    assert re.search(r"a random 4 KiB read of the evicted file: [\d.]+ ms(.|\n)*round 1, cold, the file evicted: "
+                     r"p50 [\d.]+ ms, p99 [\d.]+ ms(.|\n)*round 1, reference, warm: the same users again: p50 [\d.]+ "
+                     r"ms, p99 [\d.]+ ms", done.stdout), done.stdout

@@ -13,8 +13,7 @@ that records it, with every attempt folded into its record. The log is built to 
   that changed meanwhile. The delivery worker does not: it was measured, not a gain (see ``outbox.record_outcomes``).
 - **Looked up by index.** Each partition has three indexes: messageId key, user key, and (destination, time). A
   lookup probes the partitions that may hold what it asks for (``log_filters``), newest first, a group per
-  statement, and stops once its limit is met by messages newer than any partition left (``find_kept``); past its
-  first group, the partitions left are read ahead several at once (``log_read_ahead``).
+  statement, and stops once its limit is met by messages newer than any partition left (``find_kept``).
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ from prefect_webhooks.store.log_partitions import (
     partition_table,
     partitions_for,
 )
-from prefect_webhooks.store.log_read_ahead import can_read_ahead, read_ahead
 from prefect_webhooks.store.log_records import (
     PackedRecord,
     RecordContent,
@@ -266,34 +264,26 @@ def find_kept(
     parameters = lookup_parameters(ids, message_id, user_id, destination_id, states, since, until, limit)
     found: list[KeptMessage] = []
     start, size = 0, FIRST_GROUP
-    ahead = None
-    try:
-        while start < len(partitions):
-            group = partitions[start:start + size]
-            start = start + len(group)
-            statement = group_statement(tuple(partition.name for partition in group), frozenset(parameters))
-            kept = decode_rows(connection, connection.execute(statement, parameters).all(),
-                               {p.name: p for p in group})
-            # A key shared by two different ids (1 in 2^64) must not show the other's message.
-            found.extend(message for message in kept
-                         if (message_id is None or message.content.message_id == message_id)
-                         and (user_id is None or message.content.user_id == user_id))
-            found.sort(key=lambda message: (message.finished_at, message.id), reverse=True)
-            left = partitions[start:]
-            if limit is not None and len(found) >= limit:
-                del found[limit:]
-                # Only a partition that ends after the oldest of these can still hold a newer one.
-                left = list(takewhile(lambda partition: partition.ends_at > found[-1].finished_at, left))
-                if not left:
-                    break
-                size = min(len(left), PARTITIONS_PER_STATEMENT)
-            else:
-                size = next_group_size(size, start, len(found), limit)
-            if ahead is None and left and can_read_ahead(connection):
-                ahead = read_ahead(connection, [partition.name for partition in left], parameters)
-    finally:
-        if ahead is not None:
-            ahead.stop()
+    while start < len(partitions):
+        group = partitions[start:start + size]
+        start = start + len(group)
+        statement = group_statement(tuple(partition.name for partition in group), frozenset(parameters))
+        kept = decode_rows(connection, connection.execute(statement, parameters).all(), {p.name: p for p in group})
+        # A key shared by two different ids (1 in 2^64) must not show the other's message.
+        found.extend(message for message in kept
+                     if (message_id is None or message.content.message_id == message_id)
+                     and (user_id is None or message.content.user_id == user_id))
+        found.sort(key=lambda message: (message.finished_at, message.id), reverse=True)
+        if limit is not None and len(found) >= limit:
+            del found[limit:]
+            # Only a partition that ends after the oldest of these can still hold a newer one.
+            newer = len(list(takewhile(lambda partition: partition.ends_at > found[-1].finished_at,
+                                       partitions[start:])))
+            if not newer:
+                break
+            size = min(newer, PARTITIONS_PER_STATEMENT)
+        else:
+            size = next_group_size(size, start, len(found), limit)
     return found
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -231,21 +230,18 @@ def newest_first(connection: Connection) -> list[str]:
 
 
 @contextmanager
-def partitions_read(target: Engine | type[Engine], names: list[str], *, threads_named: str = "") -> Iterator[
-        list[str]]:
-    """Which of ``names`` the statements run meanwhile read, in the order read: on ``target`` (an engine, or every
-    engine), by the threads whose name starts with ``threads_named``."""
+def partitions_read(engine: Engine, names: list[str]) -> Iterator[list[str]]:
+    """Which of ``names`` the statements run meanwhile read, in the order read."""
     read: list[str] = []
 
     def note(_connection, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
-        if threading.current_thread().name.startswith(threads_named):
-            read.extend(name for name in names if name in statement)
+        read.extend(name for name in names if name in statement)
 
-    event.listen(target, "before_cursor_execute", note)
+    event.listen(engine, "before_cursor_execute", note)
     try:
         yield read
     finally:
-        event.remove(target, "before_cursor_execute", note)
+        event.remove(engine, "before_cursor_execute", note)
 
 
 def test_the_newest_messages_come_from_the_newest_partitions_without_reading_the_older(

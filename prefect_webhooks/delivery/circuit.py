@@ -12,6 +12,13 @@ One broken endpoint must not slow delivery to the others. Two things keep it in 
   waiting message due (``take_due_probes``), so the probe goes out on time, and when a probe succeeds it makes every
   waiting message of the endpoint's destinations due (``take_recovered``): a backlog built up during an outage
   moves at the first probe that gets through, not when each message's backoff ends.
+- **No request the breaker might have refused.** Once a request has failed since the last success, a new one waits
+  for answers in flight while, were they all failures too, the circuit would open: requests that were already
+  waiting for a slot when an endpoint began to hang do not go out to it one by one as its timeouts free their slots.
+  A healthy endpoint keeps its full concurrency (its first success lifts the wait).
+- **Outcomes count in the period they were sent in.** Each opening starts a new generation; the answer of a request
+  sent before the circuit opened changes nothing, so a timeout that arrives late cannot end the probe's turn and let
+  a second probe out beside it.
 
 The state lives in the delivering process (each worker learns on its own); nothing here touches the store.
 """
@@ -43,21 +50,43 @@ class Circuit:
     skipped: int = 0
     recovered: bool = False
     probe_requested: bool = False
+    generation: int = 0
+    in_flight: int = 0
+    _answer_waiters: list[asyncio.Future[None]] = field(default_factory=list, repr=False)
 
-    def allow(self, now: float) -> bool:
-        """Whether a request may be sent now; in half-open state only one probe at a time is let through."""
-        if self.state == CLOSED:
-            return True
+    def holding(self) -> bool:
+        """Whether a request must wait for an answer in flight: requests have failed since the last success, and
+        if every request in flight failed too the circuit would open before this one."""
+        return self.state == CLOSED and self.failures > 0 and self.failures + self.in_flight >= self.threshold
+
+    async def next_answer(self) -> None:
+        """Wait until a request in flight is answered."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._answer_waiters.append(waiter)
+        await waiter
+
+    def admit(self, now: float) -> int | None:
+        """The generation a request is sent in, or ``None`` when it may not be sent now; in half-open state only
+        one probe at a time is let through."""
         if self.state == OPEN and now - self.opened_at >= self.cooldown:
             self.state = HALF_OPEN
         if self.state == HALF_OPEN and not self.probing:
             self.probing = True
-            return True
-        self.skipped += 1
-        return False
+        elif self.state != CLOSED:
+            self.skipped += 1
+            return None
+        self.in_flight += 1
+        return self.generation
 
-    def record(self, success: bool, now: float) -> None:
-        """Count the outcome of a sent request: success closes the circuit, failures open it."""
+    def record(self, generation: int, success: bool, now: float) -> None:
+        """Count the answer of a request sent in ``generation``: success closes the circuit, failures open it."""
+        self.in_flight -= 1
+        waiters, self._answer_waiters = self._answer_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if generation != self.generation:
+            return
         if success:
             # A probe that succeeds ends an outage: what was put off meanwhile may go now.
             self.recovered = self.recovered or self.state == HALF_OPEN
@@ -68,6 +97,7 @@ class Circuit:
             if self.state != OPEN:
                 self.opened_count += 1
             self.state, self.opened_at, self.probing, self.probe_requested = OPEN, now, False, False
+            self.generation += 1
 
 
 class SuccessRate:
@@ -121,14 +151,19 @@ class EndpointGuard:
             found = self._slots[url] = asyncio.Semaphore(self.concurrency)
         return found
 
-    def allow(self, url: str) -> bool:
-        """Whether a request to ``url`` may be sent now."""
-        return self.circuit(url).allow(time.monotonic())
+    async def admit(self, url: str) -> int | None:
+        """The generation a request to ``url`` is sent in, once it may go (``Circuit.holding``), or ``None`` when
+        its circuit is open; every admitted request's answer goes to ``record``."""
+        circuit = self.circuit(url)
+        while circuit.holding():
+            await circuit.next_answer()
+        return circuit.admit(time.monotonic())
 
-    def record(self, url: str, success: bool) -> None:
-        """Feed a sent request's outcome to ``url``'s breaker (and a success to its recent rate)."""
+    def record(self, url: str, generation: int, success: bool) -> None:
+        """Feed the answer of a request sent in ``generation`` to ``url``'s breaker (and a success to its recent
+        rate)."""
         now = time.monotonic()
-        self.circuit(url).record(success, now)
+        self.circuit(url).record(generation, success, now)
         if success:
             rate = self._rates.get(url)
             if rate is None:

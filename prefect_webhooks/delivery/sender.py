@@ -130,14 +130,15 @@ class Sender:
         ``endpoint_concurrency`` of them. Never raises for network outcomes.
         """
         async with self.guard.slots(url):
-            if not self.guard.allow(url):
+            generation = await self.guard.admit(url)
+            if generation is None:
                 return RequestResult(url, store_now(), RETRY, error=CIRCUIT_OPEN_ERROR)
             result: RequestResult | None = None
             try:
                 result = await self._post(url, body, headers, method, ssl, keep_body)
             finally:
                 # A cancelled probe counts as a failure, so the circuit never waits for a probe that is gone.
-                self.guard.record(url, result is not None and result.outcome != RETRY)
+                self.guard.record(url, generation, result is not None and result.outcome != RETRY)
             return result
 
     async def _post(

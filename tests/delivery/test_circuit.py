@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -18,71 +19,139 @@ from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 
 
+def send(circuit: Circuit, now: float) -> int:
+    """Admit a request the circuit must let through; its generation."""
+    generation = circuit.admit(now)
+    assert generation is not None
+    return generation
+
+
+async def send_to(guard: EndpointGuard, url: str) -> int:
+    generation = await guard.admit(url)
+    assert generation is not None
+    return generation
+
+
 def test_circuit_opens_after_threshold_half_opens_after_cooldown_and_closes_on_success() -> None:
     circuit = Circuit(threshold=3, cooldown=10.0)
     for now in (0.0, 1.0):
-        assert circuit.allow(now)
-        circuit.record(False, now)
+        generation = circuit.admit(now)
+        assert generation is not None
+        circuit.record(generation, False, now)
     assert circuit.state == CLOSED
-    assert circuit.allow(2.0)
-    circuit.record(False, 2.0)
+    circuit.record(send(circuit, 2.0), False, 2.0)
     assert circuit.state == OPEN
-    assert not circuit.allow(5.0)
-    assert not circuit.allow(11.9)
+    assert circuit.admit(5.0) is None
+    assert circuit.admit(11.9) is None
     # Cool-down over: exactly one probe goes through while it is out.
-    assert circuit.allow(12.0)
-    assert circuit.state == HALF_OPEN
-    assert not circuit.allow(12.1)
-    circuit.record(True, 12.2)
+    probe = circuit.admit(12.0)
+    assert probe is not None and circuit.state == HALF_OPEN
+    assert circuit.admit(12.1) is None
+    circuit.record(probe, True, 12.2)
     assert circuit.state == CLOSED
-    assert circuit.allow(12.3)
+    assert circuit.admit(12.3) is not None
     assert circuit.skipped == 3
 
 
 def test_failed_probe_opens_again_for_a_full_cooldown() -> None:
     circuit = Circuit(threshold=1, cooldown=5.0)
-    circuit.record(False, 0.0)
-    assert circuit.allow(5.0)
-    circuit.record(False, 6.0)
+    circuit.record(send(circuit, 0.0), False, 0.0)
+    probe = circuit.admit(5.0)
+    assert probe is not None
+    circuit.record(probe, False, 6.0)
     assert circuit.state == OPEN
-    assert not circuit.allow(10.0)
-    assert circuit.allow(11.0)
+    assert circuit.admit(10.0) is None
+    assert circuit.admit(11.0) is not None
 
 
 def test_success_resets_the_consecutive_count() -> None:
     circuit = Circuit(threshold=2, cooldown=5.0)
-    circuit.record(False, 0.0)
-    circuit.record(True, 0.1)
-    circuit.record(False, 0.2)
+    first, second, third = (send(circuit, 0.0) for _ in range(3))
+    circuit.record(first, False, 0.0)
+    circuit.record(second, True, 0.1)
+    circuit.record(third, False, 0.2)
     assert circuit.state == CLOSED
 
 
-def test_a_cooled_down_circuit_asks_once_for_a_probe_and_a_successful_probe_reports_the_recovery() -> None:
+def test_an_answer_sent_before_the_circuit_opened_does_not_end_the_probes_turn() -> None:
+    circuit = Circuit(threshold=2, cooldown=5.0)
+    early = [send(circuit, 0.0) for _ in range(3)]
+    circuit.record(early[0], False, 2.5)
+    circuit.record(early[1], False, 2.5)
+    assert circuit.state == OPEN
+    probe = circuit.admit(7.5)
+    assert probe is not None and circuit.state == HALF_OPEN
+    # The third early request times out while the probe is out: no new opening, no second probe beside the first.
+    circuit.record(early[2], False, 7.6)
+    assert circuit.state == HALF_OPEN and circuit.opened_count == 1
+    assert circuit.admit(7.7) is None
+    circuit.record(probe, True, 8.0)
+    assert circuit.state == CLOSED and circuit.recovered
+    # Nor does a late success close an open circuit: only its probe can.
+    late = send(circuit, 8.1)
+    circuit.record(send(circuit, 8.1), False, 9.0)
+    circuit.record(send(circuit, 8.1), False, 9.0)
+    assert circuit.state == OPEN
+    circuit.record(late, True, 9.1)
+    assert circuit.state == OPEN and circuit.in_flight == 0
+
+
+async def test_after_a_failure_a_request_waits_while_the_answers_in_flight_could_open_the_circuit() -> None:
+    guard = EndpointGuard(threshold=3, cooldown=30.0, concurrency=4)
+    url = "http://a"
+    # A healthy endpoint: nothing has failed, so four go out at once (more than the threshold).
+    in_flight = [await send_to(guard, url) for _ in range(4)]
+    assert guard.circuit(url).in_flight == 4
+    guard.record(url, in_flight.pop(), False)
+    # One failed and three are out: were they all to fail, the circuit would open, so the next request waits.
+    waiting = asyncio.create_task(guard.admit(url))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    guard.record(url, in_flight.pop(), False)
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # two failures, one out: still enough to open it
+    guard.record(url, in_flight.pop(), True)  # a success ends the run of failures: it may go
+    assert await asyncio.wait_for(waiting, 1.0) is not None
+    # A hanging endpoint: the answers in flight open the circuit, and the waiting request is refused, never sent.
+    in_flight = [in_flight.pop(), waiting.result(), await send_to(guard, url)]
+    guard.record(url, in_flight.pop(), False)
+    refused = asyncio.create_task(guard.admit(url))
+    await asyncio.sleep(0.05)
+    assert not refused.done()
+    for generation in in_flight:
+        guard.record(url, generation, False)
+    assert await asyncio.wait_for(refused, 1.0) is None
+    assert guard.state(url) == OPEN and guard.circuit(url).in_flight == 0
+
+
+async def test_a_cooled_down_circuit_asks_once_for_a_probe_and_a_successful_probe_reports_the_recovery() -> None:
     guard = EndpointGuard(threshold=1, cooldown=0.05, concurrency=4)
-    guard.record("http://a", False)
+    guard.record("http://a", await send_to(guard, "http://a"), False)
     assert guard.state("http://a") == OPEN
     assert guard.take_due_probes() == []
     time.sleep(0.06)
     # Cooled down with nothing sent: one request is wanted to probe with, asked for once.
     assert guard.take_due_probes() == ["http://a"]
     assert guard.take_due_probes() == []
-    assert guard.allow("http://a") and guard.state("http://a") == HALF_OPEN
+    probe = await guard.admit("http://a")
+    assert probe is not None and guard.state("http://a") == HALF_OPEN
     assert guard.take_recovered() == []
-    guard.record("http://a", True)
+    guard.record("http://a", probe, True)
     assert guard.take_recovered() == ["http://a"]
     assert guard.take_recovered() == []
     # A success that was not a probe is no recovery.
-    guard.record("http://a", True)
+    guard.record("http://a", await send_to(guard, "http://a"), True)
     assert guard.take_recovered() == []
 
 
-def test_a_failed_probe_asks_for_the_next_probe_after_a_new_cooldown() -> None:
+async def test_a_failed_probe_asks_for_the_next_probe_after_a_new_cooldown() -> None:
     guard = EndpointGuard(threshold=1, cooldown=0.05, concurrency=4)
-    guard.record("http://a", False)
+    guard.record("http://a", await send_to(guard, "http://a"), False)
     time.sleep(0.06)
     assert guard.take_due_probes() == ["http://a"]
-    assert guard.allow("http://a")
-    guard.record("http://a", False)
+    probe = await guard.admit("http://a")
+    assert probe is not None
+    guard.record("http://a", probe, False)
     assert guard.take_due_probes() == [] and guard.take_recovered() == []
     time.sleep(0.06)
     assert guard.take_due_probes() == ["http://a"]
@@ -158,7 +227,8 @@ async def test_hanging_endpoint_does_not_slow_a_healthy_destination(isolated: st
               f"skipped (circuit open): {errors.count(CIRCUIT_OPEN_ERROR)}")
     assert all(row.state == DELIVERED for row in healthy_rows)
     assert all(row.state == PENDING for row in broken)
-    # Only the first endpoint_concurrency (4) requests hang; then the circuit is open and the rest are skipped.
+    # Only the first endpoint_concurrency (4) requests hang: the requests waiting for their slots are not sent while
+    # those four could still open the circuit, and once it is open the rest are skipped; then up to two probes.
     assert len(hanging.requests) <= 4 + 2
     assert errors.count(CIRCUIT_OPEN_ERROR) >= 300 - 6
     # Without isolation 300 hanging requests at 16 in flight would cost ≥ 300 / 16 × 2.5 s ≈ 47 s; with it, at most
@@ -219,6 +289,6 @@ def test_the_recent_peak_rate_is_the_best_ten_seconds_of_the_last_two_minutes() 
     guard = EndpointGuard(threshold=5, cooldown=30.0, concurrency=4)
     assert guard.recent_peak_rate("https://a.example.com/in") == 0.0
     for _ in range(30):
-        guard.record("https://a.example.com/in", True)
-    guard.record("https://a.example.com/in", False)
+        guard.record("https://a.example.com/in", send(guard.circuit("https://a.example.com/in"), 0.0), True)
+    guard.record("https://a.example.com/in", send(guard.circuit("https://a.example.com/in"), 0.0), False)
     assert guard.recent_peak_rate("https://a.example.com/in") == pytest.approx(3.0)  # 30 in one second, over ten

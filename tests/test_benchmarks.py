@@ -40,7 +40,7 @@ TINY_RUNS = {
                      r"delivered throughput ratio \(ours / Segment\): [\d.]+x"),
     "bench_ordered_retries": (["--users", "10", "--per-user", "3", "--rounds", "1", "--limit", "12"],
                               r"ordered / unordered drain \(best of 1 each\): [\d.]+ s / [\d.]+ s"),
-    "bench_live_lookups": (["--kept", "3000", "--probes", "3", "--rate", "200"],
+    "bench_live_lookups": (["--kept", "3000", "--probes", "3", "--rate", "200", "--lead-seconds", "2"],
                            r"idle serve, just started \(3,000 messages kept\)(.|\n)*lookup by user, newest 50: first "
                            r"[\d.]+ ms(.|\n)*while 200 events/s flow(.|\n)*console: a destination \(24-hour chart, "
                            r"top reasons\): first [\d.]+ ms(.|\n)*the stream: [\d,]+ accepted.* lost 0"),

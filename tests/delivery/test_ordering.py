@@ -87,8 +87,10 @@ async def test_a_users_messages_go_in_turn_in_one_batch_and_stop_at_a_retry(quic
 @pytest.mark.timeout(180)
 def test_each_users_messages_arrive_in_order_through_retries_and_two_workers(backend_url: str, tmp_path: Path) -> None:
     chance = random.Random(20)
-    # A third of all requests answer 503, whichever message they carry: retries everywhere.
-    script = [503 if chance.random() < 0.33 else 200 for _ in range(3 * USERS * PER_USER)]
+    # A third of all requests answer 503, whichever message they carry: retries everywhere. Each answer takes 20 ms, so
+    # a worker's two batches in flight hold 16 users for a few hundred ms, and the other worker still finds users to
+    # claim if its first claim comes a little late.
+    script = [{"status": 503 if chance.random() < 0.33 else 200, "delay": 0.02} for _ in range(3 * USERS * PER_USER)]
     with Receiver(script=script) as receiver:
         for seq in range(PER_USER):
             # One call per user at a time, as a client that waits for each answer sends them.

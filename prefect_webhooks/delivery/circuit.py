@@ -81,10 +81,11 @@ class Circuit:
     def record(self, generation: int, success: bool, now: float) -> None:
         """Count the answer of a request sent in ``generation``: success closes the circuit, failures open it."""
         self.in_flight -= 1
-        waiters, self._answer_waiters = self._answer_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._answer_waiters:
+            waiters, self._answer_waiters = self._answer_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         if generation != self.generation:
             return
         if success:

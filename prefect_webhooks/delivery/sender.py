@@ -127,7 +127,8 @@ class Sender:
         context) unless its circuit is open, and classify what happened.
 
         The URL's own slot is taken before a process slot, so a hanging endpoint holds at most
-        ``endpoint_concurrency`` of them. Never raises for network outcomes.
+        ``endpoint_concurrency`` of them; after a failure the request may wait there for answers in flight
+        (``EndpointGuard.admit``). Never raises for network outcomes.
         """
         async with self.guard.slots(url):
             generation = await self.guard.admit(url)

@@ -47,6 +47,8 @@ TINY_RUNS = {
     "bench_record_transaction": (["--batch", "100", "--rounds", "2"],
                                  r"packed ahead \(this release\) +transaction +[\d.]+ ms(.|\n)*"
                                  r"packed inside \(reference\) +transaction +[\d.]+ ms(.|\n)*write lock held: [\d.]+x"),
+    "bench_write_gate": (["--seconds", "0.5", "--cases", "1"],
+                         r"busy handler \(reference\): +\d+ transactions/s(.|\n)*write gate: +\d+ transactions/s"),
     "bench_message_log": (["--kept", "3000", "--hot-messages", "1000", "--rounds", "1", "--probes", "20"],
                           r"log size: \d+ B per kept message(.|\n)*lookup by messageId: p50 [\d.]+ ms"
                           r"(.|\n)*console page destination \(chart, reasons\): p50 [\d.]+ ms"

@@ -4,8 +4,9 @@ on to delivery as leased claims (``outbox.claim_due_deliveries``); a message tha
 attempts to the message log (``outbox.record_outcomes`` ▶ ``message_log``), kept in time partitions that retention
 drops whole, and looked up by messageId, user or destination and time (``message_log.find_kept``). Ingestion's
 dedupe remembers messageIds per period of receipt, each sealed period behind a filter (``seen_ids``).
-``tables`` defines the schema, ``engines`` opens SQLite (WAL, the default) or PostgreSQL and creates the schema
-idempotently, and ``metrics`` reads the backlog and totals for ``/metrics``, ``/health/backlog`` and ``status``.
+``tables`` defines the schema, ``engines`` opens SQLite (WAL, the default; its writers take the writer lock in
+turn at ``write_gate``) or PostgreSQL and creates the schema idempotently, and ``metrics`` reads the backlog and
+totals for ``/metrics``, ``/health/backlog`` and ``status``.
 """
 
 from prefect_webhooks.store.engines import create_schema, dispose_engines, get_engine, insert_rows, store_key

@@ -32,6 +32,7 @@ from prefect_webhooks.store.checkpointer import WAL_SIZE_LIMIT, Checkpointer
 from prefect_webhooks.store.file_modes import prepare_store_file
 from prefect_webhooks.store.tables import OutboxMessage, StoreIdentity, dialect_insert
 from prefect_webhooks.store.upgrades import move_history_to_log, upgrade_store
+from prefect_webhooks.store.write_gate import GatedConnection
 
 _engines: dict[str, Engine] = {}
 _checkpointers: dict[str, Checkpointer] = {}
@@ -125,7 +126,9 @@ def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -
         path = _sqlite_file(url)
         if create and path:
             prepare_store_file(Path(path))
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # Write transactions take SQLite's one writer in turn (``write_gate``), not by its busy handler's polls.
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30,
+                                                  "factory": GatedConnection})
         event.listen(engine, "connect", _tune_sqlite)
         if checkpointed and path:
             event.listen(engine, "connect", _no_autocheckpoint)

@@ -78,10 +78,11 @@ def test_claims_are_disjoint_across_processes(backend_url: str) -> None:
 def test_leases_expire_and_rows_come_back(backend_url: str) -> None:
     enqueue("d", payloads(20))
     engine = get_engine()
-    first = claim_due_deliveries(engine, 100, "a", lease_seconds=0.4)
+    # 3 s, not less: on ci31 (PostgreSQL, a loaded machine) a 0.4 s lease had run out before the second claim.
+    first = claim_due_deliveries(engine, 100, "a", lease_seconds=3.0)
     assert len(first) == 20
     assert claim_due_deliveries(engine, 100, "b", lease_seconds=60) == []
-    time.sleep(0.5)
+    time.sleep(3.1)
     again = claim_due_deliveries(engine, 100, "b", lease_seconds=60)
     assert sorted(row.id for row in again) == sorted(row.id for row in first)
     with engine.connect() as connection:

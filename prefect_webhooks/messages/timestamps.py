@@ -10,10 +10,24 @@ _ISO = re.compile(
     r"(?:[.,](?P<frac>\d{1,9}))?"
     r"(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)?$"
 )
+# What every SDK sends (``_sdk_shape``).
+_SDK_SHAPE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", re.ASCII)
 
 
 class TimestampError(ValueError):
     """A timestamp that is not ISO 8601."""
+
+
+def _sdk_shape(value: str) -> datetime | None:
+    """``2026-12-02T05:00:00.123Z``, the shape every SDK sends, read in a quarter of the time; None for any other
+    shape, which ``parse_timestamp`` reads in full."""
+    if not _SDK_SHAPE.fullmatch(value):
+        return None
+    try:
+        # With its offset written out: ``replace(tzinfo=...)`` costs more than the parse.
+        return datetime.fromisoformat(value[:23] + "+00:00")
+    except ValueError:
+        return None  # e.g. month 13: the full reading names what is wrong
 
 
 def parse_timestamp(value: str | datetime) -> datetime:
@@ -25,6 +39,9 @@ def parse_timestamp(value: str | datetime) -> datetime:
         return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
     if not isinstance(value, str):
         raise TimestampError(f"expected an ISO 8601 string, got {type(value).__name__}")
+    common = _sdk_shape(value)
+    if common is not None:
+        return common
     match = _ISO.match(value.strip())
     if not match:
         raise TimestampError(f"not an ISO 8601 timestamp: {value[:64]!r}")

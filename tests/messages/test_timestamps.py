@@ -56,3 +56,26 @@ def test_arbitrary_text_parses_or_raises_timestamp_error(text: str) -> None:
     except TimestampError:
         return
     assert result.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("2024-13-01T00:00:00.000Z", "not a valid date-time"),
+        ("2023-02-29T23:59:59.999Z", "not a valid date-time"),
+        ("2024-03-05T24:00:00.000Z", "not a valid date-time"),
+        ("٢٠٢٤-03-05T10:20:30.123Z", "not a valid date-time"),
+    ],
+)
+def test_the_sdk_shape_that_is_no_date_is_refused_as_the_full_reading_refuses_it(text: str, message: str) -> None:
+    # The shape SDKs send is read on a shorter path; what it cannot read goes the full way and is named there.
+    with pytest.raises(TimestampError, match=message):
+        parse_timestamp(text)
+
+
+@given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59)))
+def test_the_sdk_shape_reads_as_the_full_reading_does(value: datetime) -> None:
+    text = value.isoformat(timespec="milliseconds") + "Z"
+    parsed = parse_timestamp(text)
+    assert parsed == value.replace(microsecond=value.microsecond // 1000 * 1000, tzinfo=UTC)
+    assert parsed.tzinfo is UTC

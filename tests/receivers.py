@@ -30,6 +30,8 @@ class ReceivedRequest:
     headers: dict[str, str]
     body: bytes
     at: float
+    peer: Any = None
+    """The sender's address and port: requests on one kept-alive connection share it."""
 
 
 @dataclass
@@ -63,7 +65,8 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        received = ReceivedRequest(request.method, request.path, dict(request.headers), body, time.time())
+        received = ReceivedRequest(request.method, request.path, dict(request.headers), body, time.time(),
+                                   request.transport.get_extra_info("peername") if request.transport else None)
         with self._lock:
             self.requests.append(received)
         if self.verifier is not None and not self.verifier(body, received.headers):

@@ -8,7 +8,8 @@ Read in this order:
 - ``task``: the Prefect task ``deliver-batches`` (the batches of one window of ``task_run_seconds``), whose
   retries (from settings) resend what is left.
 - ``decision``: what becomes of one message after its requests: delivered, retried when, or failed and why.
-- ``sender``: the process's one aiohttp session (keep-alive, at most ``delivery_concurrency`` in flight).
+- ``sender``: the process's one HTTP client (keep-alive, at most ``delivery_concurrency`` in flight).
+- ``transport``: its request path, libcurl's multi interface on the event loop (TLS, mTLS, timeouts, the guard).
 - ``answers``: the start of each receiver's answer, kept with the attempt, what the request carried masked.
 - ``request_shape``: what one request to one endpoint carries: method, (mapped) body, headers and signatures.
 - ``batching``: messages of a destination with ``batch_size`` sent as signed arrays (``batch_bodies``: bodies, ids).

@@ -3,21 +3,13 @@
 Off by default (local receivers are the common case while developing); turn it on with
 ``PREFECT_WEBHOOKS_BLOCK_PRIVATE_NETWORKS=true`` where destination URLs come from people you don't control. The
 check runs on the addresses the connection is actually made to (IP literals and what a hostname resolves to at
-connection time), so a public name pointing at an internal address (DNS rebinding) is refused too.
+connection time), so a public name pointing at an internal address (DNS rebinding) is refused too: the transport
+(``transport.CurlTransport``) asks ``is_blocked_address`` of each address just before it opens a socket to it.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
-from typing import Any
-
-import aiohttp
-from aiohttp.abc import ResolveResult
-
-
-class BlockedAddressError(OSError):
-    """A destination resolved to an address the SSRF guard refuses."""
 
 
 def is_blocked_address(address: str) -> bool:
@@ -31,23 +23,7 @@ def is_blocked_address(address: str) -> bool:
     return not ip.is_global or ip.is_multicast
 
 
-class GuardedConnector(aiohttp.TCPConnector):
-    """A connector that refuses to connect to loopback, private, link-local or reserved addresses."""
-
-    async def _resolve_host(
-        self, host: str, port: int, traces: Sequence[Any] | None = None
-    ) -> list[ResolveResult]:
-        results = await super()._resolve_host(host, port, traces)
-        refused = [result["host"] for result in results if is_blocked_address(result["host"])]
-        if refused:
-            raise BlockedAddressError(
-                f"{host} is or resolves to {refused[0]}, a private or loopback address "
-                "(PREFECT_WEBHOOKS_BLOCK_PRIVATE_NETWORKS is on)"
-            )
-        return results
-
-
-def delivery_connector(block_private_networks: bool, **options: Any) -> aiohttp.TCPConnector:
-    """The connector for outbound delivery: guarded when the SSRF setting is on."""
-    connector_class = GuardedConnector if block_private_networks else aiohttp.TCPConnector
-    return connector_class(**options)
+def blocked_reason(host: str, address: str) -> str:
+    """Why a request to ``host`` was refused: it is, or resolved to, ``address``, which the guard refuses."""
+    return (f"{host} is or resolves to {address}, a private or loopback address "
+            "(PREFECT_WEBHOOKS_BLOCK_PRIVATE_NETWORKS is on)")

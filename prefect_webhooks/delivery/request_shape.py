@@ -6,7 +6,6 @@ The sender and ``prefect-webhooks preview`` both shape requests here, so a previ
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -15,6 +14,7 @@ from pydantic import SecretStr
 
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.endpoint_auth import BearerToken, ClientCertificate, OAuth2ClientCredentials
+from prefect_webhooks.delivery.transport import ClientTls
 from prefect_webhooks.messages.mapping import Mapping, compile_mapping
 from prefect_webhooks.signing.headers import MessageSigner
 from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
@@ -29,14 +29,14 @@ AUTHORIZATION_HEADER = "Authorization"
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """One URL ready to send to: the headers every request carries (static ones and a bearer token included), the
-    method, the compiled mapping, OAuth2 credentials to fetch a token with, and the client TLS context (mTLS)."""
+    method, the compiled mapping, OAuth2 credentials to fetch a token with, and the client certificate (mTLS)."""
 
     url: str
     headers: dict[str, str]
     method: str = "POST"
     mapping: Mapping | None = None
     oauth2: OAuth2ClientCredentials | None = None
-    ssl: ssl.SSLContext | None = None
+    tls: ClientTls | None = None
     position: int = 1
     """Its place in the block's list, from 1 (how ``disabled_endpoints`` names it)."""
     key: str = ""
@@ -65,7 +65,7 @@ def endpoint_of(endpoint: WebhookEndpoint, ca_file: str | None, position: int = 
         method=endpoint.method,
         mapping=compile_mapping(endpoint.mapping) if endpoint.mapping is not None else None,
         oauth2=auth if isinstance(auth, OAuth2ClientCredentials) else None,
-        ssl=_client_context(certificate, ca_file) if certificate is not None else None,
+        tls=_client_tls(certificate, ca_file) if certificate is not None else None,
         position=position,
         key=url_key(endpoint.url),
         rate_limit=endpoint.rate_limit,
@@ -73,22 +73,25 @@ def endpoint_of(endpoint: WebhookEndpoint, ca_file: str | None, position: int = 
     )
 
 
-def _client_context(certificate: ClientCertificate, ca_file: str | None) -> ssl.SSLContext:
+def _client_tls(certificate: ClientCertificate, ca_file: str | None) -> ClientTls:
     password = certificate.private_key_password.get_secret_value() if certificate.private_key_password else None
-    return _context_for(certificate.certificate, certificate.private_key.get_secret_value(), password,
-                        certificate.ca_bundle, ca_file)
+    return _tls_for(certificate.certificate, certificate.private_key.get_secret_value(), password,
+                    certificate.ca_bundle, ca_file)
 
 
 @lru_cache(maxsize=64)
-def _context_for(
+def _tls_for(
     certificate: str, private_key: str, password: str | None, ca_bundle: str | None, ca_file: str | None
-) -> ssl.SSLContext:
-    # One context per certificate for the process: aiohttp pools connections per context, and a block reloaded every
-    # few seconds would otherwise open new TLS connections each time.
-    return ClientCertificate.model_construct(
+) -> ClientTls:
+    # Loaded once as the block's validation loads it, so material that cannot be used fails here, naming its field
+    # (``ClientCertificate.ssl_context``), not at each request. One value per certificate for the process: the
+    # transport keeps its handles and connections apart by it, and a block reloaded every few seconds keeps them.
+    ClientCertificate.model_construct(
         certificate=certificate, private_key=SecretStr(private_key), ca_bundle=ca_bundle,
         private_key_password=SecretStr(password) if password is not None else None,
     ).ssl_context(ca_file)
+    return ClientTls(certificate.encode(), private_key.encode(), password,
+                     ca_bundle.encode() if ca_bundle is not None else None)
 
 
 @dataclass(frozen=True, slots=True)

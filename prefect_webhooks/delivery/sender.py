@@ -1,4 +1,5 @@
-"""The HTTP sender: one aiohttp session per delivering process, each message signed and sent to every URL.
+"""The HTTP sender: one transport per delivering process (``transport``: libcurl on the event loop), each message
+signed and sent to every URL.
 
 ``Sender.post`` makes one request and classifies what happened (``RequestResult``); ``request`` sends one shaped
 request (``request_shape``) with its method, client certificate and OAuth2 token; ``send`` fans one message out to
@@ -8,8 +9,7 @@ its destination's URLs; ``send_all`` sends a batch with a fixed set of workers.
 from __future__ import annotations
 
 import asyncio
-import errno
-import ssl
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -18,31 +18,23 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
+import pycurl
 
 from prefect_webhooks.delivery.answers import answer_excerpt
 from prefect_webhooks.delivery.auth import TokenCache, TokenRequestError
 from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
 from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.network import BlockedAddressError, delivery_connector
+from prefect_webhooks.delivery.network import blocked_reason
 from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
+from prefect_webhooks.delivery.transport import READ_LIMIT, ClientTls, CurlTransport, TransportError
 from prefect_webhooks.messages.outcomes import DELIVERED, PERMANENT, RETRY, Attempt
 from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.tables import store_now
 from prefect_webhooks.utilities.urls import display_url
 
-# aiohttp's timeouts raise asyncio.TimeoutError, which is the builtin TimeoutError only from Python 3.11 on.
-TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)
-
-
-def tls_context(settings: WebhooksSettings | None = None) -> ssl.SSLContext:
-    """The client TLS context: system trust store (plus ``tls_ca_file``), certificates and host names verified."""
-    settings = settings or get_settings()
-    context = ssl.create_default_context()
-    if settings.delivery.tls_ca_file:
-        context.load_verify_locations(cafile=settings.delivery.tls_ca_file)
-    return context
+# What is read of a token endpoint's answer at most (its JSON is kept whole); webhook answers: ``transport.READ_LIMIT``.
+TOKEN_ANSWER_LIMIT = 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -80,11 +72,11 @@ def ends_in_a_retry(results: Sequence[RequestResult]) -> bool:
 
 
 class Sender:
-    """The process's HTTP client: one aiohttp session, bounded concurrency, per-request timeout."""
+    """The process's HTTP client: one transport, bounded concurrency, per-request timeout."""
 
     def __init__(self, settings: WebhooksSettings | None = None) -> None:
         self.settings = settings or get_settings()
-        self._session: aiohttp.ClientSession | None = None
+        self._transport: CurlTransport | None = None
         # Queueing for a slot must not eat into an endpoint's 5 s, so the timeout starts inside the slot.
         self._slots = asyncio.Semaphore(self.settings.delivery.delivery_concurrency)
         self.guard = EndpointGuard(
@@ -95,23 +87,18 @@ class Sender:
         self.tokens = TokenCache()
 
     async def __aenter__(self) -> Sender:
-        connector = delivery_connector(
-            self.settings.delivery.block_private_networks,
-            limit=self.settings.delivery.delivery_concurrency, ssl=tls_context(self.settings), keepalive_timeout=30
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=self.settings.delivery.request_timeout),
-            # Keep the wire to what the destination spec lists (no cookies echoed back to other endpoints).
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
+        delivery = self.settings.delivery
+        self._transport = CurlTransport(
+            timeout=delivery.request_timeout, tls_ca_file=delivery.tls_ca_file or None,
+            block_private_networks=delivery.block_private_networks, keepalive_seconds=30,
+            connections=delivery.delivery_concurrency,
         )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
 
     async def post(
         self,
@@ -120,11 +107,11 @@ class Sender:
         headers: dict[str, str],
         *,
         method: str = "POST",
-        ssl: ssl.SSLContext | None = None,
+        tls: ClientTls | None = None,
         keep_body: bool = False,
     ) -> RequestResult:
-        """Send ``body`` to ``url`` once (POST unless ``method`` says otherwise; ``ssl``: a client certificate's
-        context) unless its circuit is open, and classify what happened.
+        """Send ``body`` to ``url`` once (POST unless ``method`` says otherwise; ``tls``: a client certificate)
+        unless its circuit is open, and classify what happened.
 
         The URL's own slot is taken before a process slot, so a hanging endpoint holds at most
         ``endpoint_concurrency`` of them; after a failure the request may wait there for answers in flight
@@ -136,49 +123,35 @@ class Sender:
                 return RequestResult(url, store_now(), RETRY, error=CIRCUIT_OPEN_ERROR)
             result: RequestResult | None = None
             try:
-                result = await self._post(url, body, headers, method, ssl, keep_body)
+                result = await self._post(url, body, headers, method, tls, keep_body)
             finally:
                 # A cancelled probe counts as a failure, so the circuit never waits for a probe that is gone.
                 self.guard.record(url, generation, result is not None and result.outcome != RETRY)
             return result
 
     async def _post(
-        self, url: str, body: bytes, headers: dict[str, str], method: str, ssl: ssl.SSLContext | None, keep_body: bool
+        self, url: str, body: bytes, headers: dict[str, str], method: str, tls: ClientTls | None, keep_body: bool
     ) -> RequestResult:
-        assert self._session is not None, "use Sender as an async context manager"
+        assert self._transport is not None, "use Sender as an async context manager"
         async with self._slots:
             attempted_at = store_now()
             started = time.perf_counter()
             try:
-                async with self._session.request(method, url, data=body, headers=headers, allow_redirects=False,
-                                                 ssl=ssl if ssl is not None else True) as response:
-                    answer = await response.read()
-                    status = response.status
-                    retry_after = response.headers.get("Retry-After") if status in RETRY_AFTER_STATUSES else None
-            except aiohttp.ClientConnectorCertificateError as exc:
-                # The handshake failed, so no HTTP request left this process; retrying cannot fix a certificate.
-                return RequestResult(url, attempted_at, PERMANENT, error=_certificate_error(url, exc),
+                answer = await self._transport.request(method, url, body, headers, tls=tls,
+                                                       limit=TOKEN_ANSWER_LIMIT if keep_body else READ_LIMIT)
+            except TransportError as exc:
+                return RequestResult(url, attempted_at, *_failure(url, exc, self.settings.delivery.request_timeout),
                                      latency_ms=_ms(started))
-            except TIMEOUT_ERRORS:
-                error = f"timeout after {self.settings.delivery.request_timeout:g} s"
-                return RequestResult(url, attempted_at, RETRY, error=error, latency_ms=_ms(started))
             except ValueError as exc:
-                # aiohttp refuses a malformed request (e.g. a header the block should have rejected); the message
-                # may quote a header value, so only the type is kept.
+                # A malformed request (a header the block should have rejected); the message may quote a header
+                # value, so only the type is kept.
                 return RequestResult(url, attempted_at, PERMANENT, error=f"invalid request: {type(exc).__name__}",
                                      latency_ms=_ms(started))
-            except aiohttp.ClientConnectorError as exc:
-                if isinstance(exc.os_error, BlockedAddressError):
-                    # The SSRF guard refused the address before connecting; retrying would be refused again.
-                    return RequestResult(url, attempted_at, PERMANENT, error=str(exc.os_error), latency_ms=_ms(started))
-                return RequestResult(url, attempted_at, RETRY, error=_connection_error(url, exc),
-                                     latency_ms=_ms(started))
-            except (aiohttp.ClientError, OSError) as exc:
-                return RequestResult(url, attempted_at, RETRY, error=_connection_error(url, exc),
-                                     latency_ms=_ms(started))
+        status = answer.status
+        retry_after = answer.header(b"retry-after") if status in RETRY_AFTER_STATUSES else None
         return RequestResult(url, attempted_at, classify_status(status), status=status, latency_ms=_ms(started),
-                             retry_after=retry_after, body=answer if keep_body else None,
-                             answer=None if keep_body else answer_excerpt(answer, status, url, headers))
+                             retry_after=retry_after, body=answer.body if keep_body else None,
+                             answer=None if keep_body else answer_excerpt(answer.body, status, url, headers))
 
     async def request(self, request: Request) -> RequestResult:
         """Send one shaped request; with OAuth2, with a token, and once more with a new token after a 401."""
@@ -202,7 +175,7 @@ class Sender:
 
     async def _send(self, request: Request, headers: dict[str, str]) -> RequestResult:
         endpoint = request.endpoint
-        return await self.post(endpoint.url, request.body, headers, method=endpoint.method, ssl=endpoint.ssl)
+        return await self.post(endpoint.url, request.body, headers, method=endpoint.method, tls=endpoint.tls)
 
     async def _post_token_form(self, url: str, body: bytes, headers: dict[str, str]) -> RequestResult:
         return await self.post(url, body, headers, keep_body=True)
@@ -298,37 +271,51 @@ def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]
+def _failure(url: str, exc: TransportError, timeout: float) -> tuple[str, None, str]:
+    """(outcome, status, error) of a request that got no HTTP answer."""
+    if exc.blocked is not None:
+        # The private-network guard refused the address before connecting; retrying would be refused again.
+        return PERMANENT, None, blocked_reason(urlsplit(url).hostname or url, exc.blocked)
+    if exc.certificate_refused:
+        # The handshake failed, so no HTTP request left this process; retrying cannot fix a certificate.
+        return PERMANENT, None, _certificate_error(url, exc.detail)
+    if exc.client_certificate_unusable:
+        return PERMANENT, None, f"client certificate cannot be used: {exc.detail}"[:500]
+    if exc.timed_out:
+        return RETRY, None, f"timeout after {timeout:g} s"
+    return RETRY, None, _connection_error(url, exc)
 
 
-def _connection_error(url: str, exc: BaseException) -> str:
+def _connection_error(url: str, exc: TransportError) -> str:
     """A connection failure's reason, naming a TLS handshake the receiver ended where that can be told apart.
 
     Over TLS 1.2 a receiver that refuses the client certificate (or demands one that was not sent) ends the
-    handshake, which is part of connecting: a reset or TLS alert while connecting to an ``https`` URL is that. Over
-    TLS 1.3 it closes the connection after the handshake, before answering, which looks like any other disconnect:
-    the reason says what it may be.
+    handshake, which is part of connecting. Over TLS 1.3 it closes the connection after the handshake, before
+    answering, which looks like any other disconnect: the reason says what it may be.
     """
-    described = f"connection error: {_describe(exc)}"
+    described = f"connection error: {exc.detail}"[:500]
     if not url.lower().startswith("https:"):
         return described
-    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
-            exc.os_error, (ConnectionResetError, ConnectionAbortedError, ssl.SSLError)):
-        return (f"TLS handshake failed: {_describe(exc.os_error)} (the receiver ended the handshake, as it does when "
-                "it refuses the client certificate or demands one that was not sent)")
-    if isinstance(exc, aiohttp.ServerDisconnectedError) or (
-            isinstance(exc, aiohttp.ClientOSError) and exc.errno == errno.ECONNRESET):
-        # Which of the two depends on whether the close reaches the sender before or while it writes the request.
+    if exc.in_handshake:
+        return (f"TLS handshake failed: {exc.detail} (the receiver ended the handshake, as it does when it refuses "
+                "the client certificate or demands one that was not sent)")
+    if exc.code in _CLOSED_BEFORE_ANSWERING:
         return (f"{described} (before answering; over TLS 1.3 this is also how a receiver refuses the client "
                 "certificate or a missing one it demands)")
     return described
 
 
-def _certificate_error(url: str, exc: aiohttp.ClientConnectorCertificateError) -> str:
+# libcurl's errors of a connection closed or reset after it was made, before an answer came.
+_CLOSED_BEFORE_ANSWERING = frozenset({pycurl.E_GOT_NOTHING, pycurl.E_RECV_ERROR, pycurl.E_SEND_ERROR})
+
+
+def _certificate_error(url: str, detail: str) -> str:
     parts = urlsplit(url)
     origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-    certificate_error = exc.certificate_error
-    detail = getattr(certificate_error, "verify_message", None) or str(certificate_error)
-    return f"TLS certificate verification failed for {origin}: {detail}"
+    # libcurl words OpenSSL's reason "SSL certificate problem: <reason>" or "SSL certificate OpenSSL verify result:
+    # <reason> (<code>)": the reason alone is what the receiver's operator needs.
+    found = _VERIFY_REASON.fullmatch(detail)
+    return f"TLS certificate verification failed for {origin}: {found.group(1) if found else detail}"
+
+
+_VERIFY_REASON = re.compile(r"SSL certificate (?:problem|OpenSSL verify result): (.*?)(?: \(\d+\))?")

@@ -44,8 +44,8 @@ def status_class(status_code: int | None) -> str:
     return f"{status_code // 100}xx" if status_code is not None else "none"
 
 
-def _bucket(latency_ms: float) -> str:
-    index = bisect.bisect_left(LATENCY_BOUNDS, latency_ms / 1000)
+def _bucket_bound(index: int) -> str:
+    """The name of latency bucket ``index`` (``bisect_left`` of a latency in seconds in ``LATENCY_BOUNDS``)."""
     return f"{LATENCY_BOUNDS[index]:g}" if index < len(LATENCY_BOUNDS) else INFINITY
 
 
@@ -58,12 +58,23 @@ def add_requests(connection: Connection, requests: Sequence[EndpointRequest]) ->
     transactions lock them in the same order)."""
     if not requests:
         return
-    counts: Counter[tuple[str, str, str]] = Counter()
+    # Tallied by (endpoint, outcome, status, latency bucket) first: a batch's requests fall into a handful of these,
+    # and the series' names are made once per tally, not once per request.
+    tally: dict[tuple[str, str, str, int | None, int], list[int]] = {}
     for request in requests:
-        endpoint = (request.destination, request.url)
-        counts[(*endpoint, f"{_REQUESTS} {request.outcome} {status_class(request.status_code)}")] += 1
-        counts[(*endpoint, f"{_LATENCY_LE} {_bucket(request.latency_ms)}")] += 1
-        counts[(*endpoint, _LATENCY_SUM)] += round(request.latency_ms * 1000)
+        key = (request.destination, request.url, request.outcome, request.status_code,
+               bisect.bisect_left(LATENCY_BOUNDS, request.latency_ms / 1000))
+        entry = tally.get(key)
+        if entry is None:
+            entry = tally[key] = [0, 0]
+        entry[0] += 1
+        entry[1] += round(request.latency_ms * 1000)
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for (destination, url, outcome, status_code, bucket), (count, latency_us) in tally.items():
+        endpoint = (destination, url)
+        counts[(*endpoint, f"{_REQUESTS} {outcome} {status_class(status_code)}")] += count
+        counts[(*endpoint, f"{_LATENCY_LE} {_bucket_bound(bucket)}")] += count
+        counts[(*endpoint, _LATENCY_SUM)] += latency_us
     shard = 0 if connection.dialect.name == "sqlite" else random.randrange(SHARDS)
     rows = [{"destination": destination, "url_key": _key(url), "series": series, "shard": shard, "url": url,
              "count": count}

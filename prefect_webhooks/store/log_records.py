@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -87,26 +87,49 @@ class RecordContent:
     """The key of the one endpoint a fan-out destination's message went to (``store.fan_out``); None for every one."""
 
 
-def pack_record(content: RecordContent, finished_at: datetime, codes: Mapping[str, int]) -> bytes:
+class EpochMillis(dict):  # type: ignore[type-arg]
+    """``epoch_ms`` of times, each computed once: a batch's rows share their finish time, and the rows of one ingest
+    call their creation time (a time read back from SQLite as its text is read here)."""
+
+    def __missing__(self, moment: datetime | str | None) -> int | None:
+        value = self[moment] = epoch_ms(datetime.fromisoformat(moment) if isinstance(moment, str) else moment)
+        return value
+
+
+def pack_record(
+    content: RecordContent, finished_at: datetime, codes: Mapping[str, int], millis: EpochMillis | None = None
+) -> bytes:
     """The compressed record of ``content`` for a message that finished at ``finished_at``.
 
     Times are kept as milliseconds before the finish (small numbers), each attempt's URL as its number in ``codes``
-    (the log's names), and the source not at all: the row's ``source_id`` column holds it.
+    (the log's names), and the source not at all: the row's ``source_id`` column holds it. ``millis``: the times'
+    milliseconds shared by a batch's records.
     """
-    finished = epoch_ms(finished_at) or 0
-    first = epoch_ms(content.first_attempt_at)
+    return pack_fields(content.message_type, content.message_id, content.user_id, content.reason, content.attempts,
+                       content.created_at, content.first_attempt_at, content.tries, content.body, content.endpoint,
+                       finished_at, codes, millis if millis is not None else EpochMillis())
+
+
+def pack_fields(
+    message_type: str, message_id: str | None, user_id: str | None, reason: str | None, attempts: int,
+    created_at: datetime | str | None, first_attempt_at: datetime | None, tries: Sequence[Attempt], body: bytes | None,
+    endpoint: str | None, finished_at: datetime, codes: Mapping[str, int], millis: EpochMillis,
+) -> bytes:
+    """``pack_record`` of a record's fields as they are, with no ``RecordContent`` made: what recording a batch
+    calls once per message."""
+    finished = millis[finished_at] or 0
+    first = millis[first_attempt_at]
     header = [
-        RECORD_VERSION, content.message_type, content.message_id, content.user_id, content.reason, content.attempts,
-        finished - (epoch_ms(content.created_at) or 0), None if first is None else finished - first,
-        [[finished - (epoch_ms(a.attempted_at) or 0), codes[a.url], a.status_code, a.error, round(a.latency_ms, 1),
-          a.outcome, *([a.response] if a.response else [])] for a in content.tries],
-        content.body is not None,
+        RECORD_VERSION, message_type, message_id, user_id, reason, attempts,
+        finished - (millis[created_at] or 0), None if first is None else finished - first,
+        [[finished - (millis[a.attempted_at] or 0), codes[a.url], a.status_code, a.error, round(a.latency_ms, 1),
+          a.outcome, *([a.response] if a.response else [])] for a in tries],
+        body is not None,
         # Only a fan-out destination's records carry it: a replay puts the message back for that endpoint alone.
-        *([content.endpoint] if content.endpoint else []),
+        *([endpoint] if endpoint else []),
     ]
     compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, _PRESET)
-    data = orjson.dumps(header) + b"\n" + (content.body or b"")
-    return compressor.compress(data) + compressor.flush()
+    return compressor.compress(orjson.dumps(header) + b"\n" + (body or b"")) + compressor.flush()
 
 
 @dataclass(slots=True)

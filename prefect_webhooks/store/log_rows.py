@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 from prefect_webhooks.messages.outcomes import Attempt
 from prefect_webhooks.store.log_names import known_name_ids
 from prefect_webhooks.store.log_partitions import STATE_CODES
-from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
+from prefect_webhooks.store.log_records import EpochMillis, pack_fields, text_key
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, read_store_time
 
 OUTBOX = OutboxMessage.__table__
@@ -92,24 +92,28 @@ def row_names(queued: Sequence[Any], tries: Iterable[Attempt]) -> set[str]:
     return {name for name in (queued[1], queued[2]) if name is not None} | {attempt.url for attempt in tries}
 
 
-def log_row(queued: Sequence[Any], outcome: Leaving, tries: list[Attempt], names: Mapping[str, int]) -> dict[str, Any]:
+def log_row(
+    queued: Sequence[Any], outcome: Leaving, tries: list[Attempt], names: Mapping[str, int],
+    millis: EpochMillis | None = None,
+) -> dict[str, Any]:
     """The log row of a queue row read with ``QUEUED_COLUMNS`` that reached ``outcome`` after ``tries`` (oldest
-    first), its names numbered in ``names``; the partition it goes to is the caller's."""
+    first), its names numbered in ``names``; the partition it goes to is the caller's. ``millis``: the times of the
+    batch's rows as milliseconds, shared by its calls."""
     (outbox_id, destination, source, message_type, message_id, user_id, body, created_at, attempts, first,
      endpoint) = queued
-    purge = outcome.purge
-    content = RecordContent(
-        message_type=message_type, source=source, message_id=None if purge else message_id,
-        user_id=None if purge else user_id, reason=outcome.reason,
-        attempts=attempts if outcome.attempts is None else outcome.attempts, created_at=read_store_time(created_at),
-        first_attempt_at=read_store_time(first) if outcome.attempts is None else outcome.first_attempt_at,
-        body=None if purge or body is None else bytes(body), tries=tries, endpoint=endpoint,
-    )
+    millis = millis if millis is not None else EpochMillis()
+    if outcome.purge:
+        message_id = user_id = body = None
+    if outcome.attempts is None:
+        first = read_store_time(first)
+    else:
+        attempts, first = outcome.attempts, outcome.first_attempt_at
+    record = pack_fields(message_type, message_id, user_id, outcome.reason, attempts, created_at, first, tries,
+                         None if body is None else bytes(body), endpoint, outcome.finished_at, names, millis)
     return {
         "id": outbox_id, "destination_id": names[destination], "state": STATE_CODES[outcome.state],
-        "finished_ms": epoch_ms(outcome.finished_at), "message_key": text_key(content.message_id),
-        "user_key": text_key(content.user_id), "source_id": names[source] if source is not None else None,
-        "record": pack_record(content, outcome.finished_at, names),
+        "finished_ms": millis[outcome.finished_at], "message_key": text_key(message_id), "user_key": text_key(user_id),
+        "source_id": names[source] if source is not None else None, "record": record,
     }
 
 
@@ -182,5 +186,6 @@ def pack_ahead(engine: Engine, leaving: Sequence[Leaving], new_attempts: Sequenc
             tries = in_order([*before, *new.get(row[0], ())])
             reads.append((row, before, tries, row_names(row, tries)))
         names = known_name_ids(connection, set().union(*(needed for *_, needed in reads)))
-    return {row[0]: PackedAhead(tuple(row), before, log_row(row, by_id[row[0]], tries, names))
+    millis = EpochMillis()
+    return {row[0]: PackedAhead(tuple(row), before, log_row(row, by_id[row[0]], tries, names, millis))
             for row, before, tries, needed in reads if needed <= names.keys()}

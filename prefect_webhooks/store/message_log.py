@@ -41,6 +41,7 @@ from prefect_webhooks.store.log_partitions import (
     partitions_for,
 )
 from prefect_webhooks.store.log_records import (
+    EpochMillis,
     PackedRecord,
     RecordContent,
     from_epoch_ms,
@@ -133,7 +134,8 @@ def move_to_log(
         tries = {queued_row[0]: in_order([*before, *new.get(queued_row[0], [])]) for queued_row, before in to_pack}
         names = name_ids(connection, {name for queued_row, _ in to_pack
                                       for name in row_names(queued_row, tries[queued_row[0]])})
-        rows += [(by_id[queued_row[0]], log_row(queued_row, by_id[queued_row[0]], tries[queued_row[0]], names))
+        millis = EpochMillis()
+        rows += [(by_id[queued_row[0]], log_row(queued_row, by_id[queued_row[0]], tries[queued_row[0]], names, millis))
                  for queued_row, _ in to_pack]
     destinations = {queued_row[0]: queued_row[1] for queued_row in queued}
     rows_by_partition: dict[str, list[dict[str, Any]]] = {}

@@ -1,7 +1,9 @@
-import aiohttp
+"""The private-network guard, checked on the transport's connections: refused before any byte is sent."""
+
 import pytest
 
-from prefect_webhooks.delivery.network import BlockedAddressError, delivery_connector, is_blocked_address
+from prefect_webhooks.delivery.network import is_blocked_address
+from prefect_webhooks.delivery.transport import CurlTransport, TransportError
 from tests.receivers import Receiver
 
 
@@ -26,26 +28,33 @@ def test_address_classification(address: str, blocked: bool) -> None:
     assert is_blocked_address(address) is blocked
 
 
-async def test_guarded_session_refuses_loopback_and_sends_nothing(receiver: Receiver) -> None:
-    async with aiohttp.ClientSession(connector=delivery_connector(True)) as session:
-        with pytest.raises(aiohttp.ClientConnectorError) as caught:
-            await session.post(receiver.url.replace("127.0.0.1", "localhost"), data=b"{}")
-    assert isinstance(caught.value.os_error, BlockedAddressError)
+async def test_guarded_transport_refuses_a_name_resolving_to_loopback_and_sends_nothing(receiver: Receiver) -> None:
+    transport = CurlTransport(timeout=5, block_private_networks=True)
+    try:
+        with pytest.raises(TransportError) as caught:
+            await transport.request("POST", receiver.url.replace("127.0.0.1", "localhost"), b"{}", {})
+    finally:
+        await transport.close()
+    assert caught.value.blocked in ("127.0.0.1", "::1")
     assert receiver.requests == []
 
 
 async def test_guard_off_by_default_reaches_a_local_receiver(receiver: Receiver) -> None:
-    async with (
-        aiohttp.ClientSession(connector=delivery_connector(False)) as session,
-        session.post(receiver.url, data=b"{}") as response,
-    ):
-        assert response.status == 200
+    transport = CurlTransport(timeout=5)
+    try:
+        answer = await transport.request("POST", receiver.url, b"{}", {})
+    finally:
+        await transport.close()
+    assert answer.status == 200
     assert len(receiver.requests) == 1
 
 
 async def test_guard_also_refuses_ip_literals(receiver: Receiver) -> None:
-    async with aiohttp.ClientSession(connector=delivery_connector(True)) as session:
-        with pytest.raises(aiohttp.ClientConnectorError) as caught:
-            await session.post(receiver.url, data=b"{}")
-    assert "private or loopback" in str(caught.value.os_error)
+    transport = CurlTransport(timeout=5, block_private_networks=True)
+    try:
+        with pytest.raises(TransportError) as caught:
+            await transport.request("POST", receiver.url, b"{}", {})
+    finally:
+        await transport.close()
+    assert caught.value.blocked == "127.0.0.1"
     assert receiver.requests == []

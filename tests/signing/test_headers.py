@@ -37,8 +37,8 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 WHEN = dt.datetime(2026, 3, 4, 5, 6, 7, tzinfo=dt.timezone.utc)
 SECRET = WebhookDestination.generate_secret().get_secret_value()
-# What aiohttp adds to every request besides the headers the engine and the block set.
-TRANSPORT_HEADERS = {"Host", "Accept", "Accept-Encoding", "Content-Length"}
+# What the transport (libcurl) adds to every request besides the headers the engine and the block set.
+TRANSPORT_HEADERS = {"Host", "Accept", "Content-Length"}
 
 
 @pytest.fixture

@@ -39,6 +39,8 @@ from prefect_webhooks.store.outbox import (
 from prefect_webhooks.store.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
+# A batch that reaches its fence this soon after its claim (and within a quarter of its lease) is held as claimed.
+FRESH_CLAIM_SECONDS = 1.0
 
 
 @dataclass
@@ -154,7 +156,8 @@ async def process_batch(
 
     ready, deferred = await _resolve_all(due, context, writes)
     mine: set[int] = set()
-    ready, deferred = await _still_held(ready, deferred, context, mine, log)
+    ready, deferred = await _still_held(ready, deferred, context, mine, log,
+                                        fresh=first_try and batch.fresh(FRESH_CLAIM_SECONDS))
     # A batch can take longer than the lease (2,000 messages to a slow endpoint at 32 in flight and 2 s each: two
     # minutes; a store call riding out a restart): from the fence until its outcomes are recorded its leases are
     # renewed, so no other run claims and sends them meanwhile (a delivered row stays claimable until the record's
@@ -276,18 +279,25 @@ async def _still_held(
     context: DeliveryContext,
     mine: set[int],
     log: Any,
+    *,
+    fresh: bool = False,
 ) -> tuple[list[tuple[Claimed, ResolvedDestination]], list[Claimed]]:
     """The fence before sending: renew the lease and keep only the rows this run still holds (taken into ``mine``).
 
     A batch may wait between its claim and its requests (a store call riding out a restart, a slow block load). If
     its lease lapsed meanwhile and another run claimed the rows, that run sends them; sending them from here too
-    would deliver them twice.
+    would deliver them twice. A ``fresh`` batch (claimed moments ago, far inside its lease) is still held as claimed:
+    it skips the store's round trip (a write transaction per batch) and only keeps to rows no other batch of this
+    process holds.
     """
     ids = [row.id for row, _ in ready] + [row.id for row in deferred]
     if not ids:
         return ready, deferred
-    until = store_now() + timedelta(seconds=context.settings.delivery.lease_seconds)
-    held = await store_call(context.settings, renew_leases, context.engine, ids, context.owner, until)
+    if fresh:
+        held = set(ids)
+    else:
+        until = store_now() + timedelta(seconds=context.settings.delivery.lease_seconds)
+        held = await store_call(context.settings, renew_leases, context.engine, ids, context.owner, until)
     if len(held) < len(ids):
         log.warning("%d message(s) of this batch were taken over by another run after the batch's lease lapsed: "
                     "that run delivers them", len(ids) - len(held))

@@ -183,7 +183,8 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
             context.stats.batches += 1
             if shift is not None:
                 shift.batches_claimed += 1
-            in_flight.add(asyncio.ensure_future(run_batch(ClaimedBatch(rows), context)))
+            batch = ClaimedBatch(rows, lease_seconds=context.settings.delivery.lease_seconds)
+            in_flight.add(asyncio.ensure_future(run_batch(batch, context)))
             out_of_batches = max_batches is not None and claimed_batches >= max_batches
             if len(rows) < size:
                 next_claim_at = time.monotonic() + spacing

@@ -32,10 +32,21 @@ logger = logging.getLogger("prefect_webhooks.delivery")
 class ClaimedBatch:
     """Rows claimed together; a plain object so Prefect passes it to the task without walking 500 bodies."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "claimed_at", "lease_seconds")
 
-    def __init__(self, rows: list[Claimed]) -> None:
+    def __init__(self, rows: list[Claimed], lease_seconds: float | None = None) -> None:
         self.rows = rows
+        self.claimed_at = time.monotonic()
+        """When the batch was made (just after its claim), on the monotonic clock."""
+        self.lease_seconds = lease_seconds
+        """The lease its claim took, when it was claimed just now; None when not known (re-read rows)."""
+
+    def fresh(self, within: float) -> bool:
+        """Whether the batch was claimed less than ``within`` seconds ago and a quarter of its lease: its rows are
+        still held as claimed, whatever happened in the store meanwhile, except a deletion's purge."""
+        if self.lease_seconds is None:
+            return False
+        return time.monotonic() - self.claimed_at < min(within, self.lease_seconds / 4)
 
     @property
     def ids(self) -> list[int]:

@@ -45,9 +45,10 @@ class BatchWrites:
         """Count requests once each: in the run's ``stats`` (its artifact) and in the store's per-endpoint counters
         (``/metrics``), which the batch's outcomes are written with."""
         stats.add_requests(destination, results)
-        self.records.requests.extend(
-            EndpointRequest(destination, display_url(result.url), result.outcome, result.status, result.latency_ms)
-            for result in results)
+        requests = self.records.requests
+        for result in results:
+            requests.append(EndpointRequest(destination, display_url(result.url), result.outcome, result.status,
+                                            result.latency_ms))
 
 
 def _reason(results: Sequence[RequestResult], outcome: str) -> str:
@@ -90,8 +91,14 @@ def decide(
     # A first attempt counts from when its batch began sending (shared by the batch, so updates group well).
     first_attempt_at = row.first_attempt_at or sent_at or min(result.attempted_at for result in results)
     records = writes.records
-    records.attempts.extend(result.attempt(row.id) for result in results)
-    if any(result.outcome == DELIVERED for result in results):
+    if len(results) == 1:  # most messages: one URL, one request
+        result = results[0]
+        records.attempts.append(result.attempt(row.id))
+        delivered = result.outcome == DELIVERED
+    else:
+        records.attempts.extend(result.attempt(row.id) for result in results)
+        delivered = any(result.outcome == DELIVERED for result in results)
+    if delivered:
         records.delivered.append(Delivered(row.id, attempts, first_attempt_at, now, row.destination))
         return
     if not ends_in_a_retry(results):

@@ -118,7 +118,9 @@ class Sender:
         (``EndpointGuard.admit``). Never raises for network outcomes.
         """
         async with self.guard.slots(url):
-            generation = await self.guard.admit(url)
+            circuit = self.guard.circuit(url)
+            # Most requests go at once: only one after a failure may wait for the answers in flight.
+            generation = await self.guard.admit(url) if circuit.holding() else circuit.admit(time.monotonic())
             if generation is None:
                 return RequestResult(url, store_now(), RETRY, error=CIRCUIT_OPEN_ERROR)
             result: RequestResult | None = None
@@ -157,7 +159,8 @@ class Sender:
         """Send one shaped request; with OAuth2, with a token, and once more with a new token after a 401."""
         endpoint = request.endpoint
         if endpoint.oauth2 is None:
-            return await self._send(request, request.headers)
+            return await self.post(endpoint.url, request.body, request.headers, method=endpoint.method,
+                                   tls=endpoint.tls)
         result, token = await self._with_token(request)
         if result.status == 401 and token is not None:
             # A token can be revoked before it expires: one new token, one more try.

@@ -10,6 +10,8 @@ from typing import Any
 from sqlalchemy import DateTime, insert
 from sqlalchemy.engine import Connection
 
+from prefect_webhooks.store.tables import store_time_text
+
 
 def insert_rows(connection: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> int:
     """Insert many rows of one shape into ``table`` in the caller's transaction; returns how many.
@@ -37,7 +39,7 @@ def insert_rows(connection: Connection, table: Any, rows: Sequence[dict[str, Any
                 text = formatted.get(moment)
                 if text is None:
                     # SQLAlchemy's own SQLite DATETIME text, so every reader parses and compares it the same way.
-                    text = formatted[moment] = moment.isoformat(sep=" ", timespec="microseconds")
+                    text = formatted[moment] = store_time_text(moment)
                 row_values[i] = text
         parameters.append(tuple(row_values))
     connection.exec_driver_sql(statement, parameters)

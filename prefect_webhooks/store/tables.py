@@ -350,6 +350,12 @@ def read_store_time(value: datetime | str | None) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
+def store_time_text(value: datetime) -> str:
+    """A naive-UTC time as SQLite's DATETIME columns hold it (SQLAlchemy's own text), for statements that go to the
+    driver: compared as text, it must be exactly this shape."""
+    return value.isoformat(sep=" ", timespec="microseconds")
+
+
 def to_store_time(value: datetime) -> datetime:
     """Any datetime as naive UTC for the store."""
     if value.tzinfo is not None:

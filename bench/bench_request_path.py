@@ -42,9 +42,9 @@ start (at most 1 KB read where the client can bound it), ``Retry-After`` on 429/
   pure-Python asyncio client), run when installed (not test dependencies).
 
 ``pycurl-plain``, ``pyreqwest-lean``, ``curl-cffi`` and ``aiosonic`` run only when named in ``--candidates``. On
-2026-12-04 (2 cores shared with other work, same runs as the others): curl-cffi 1,500-2,200 req/s at 2.3-2.6x
-aiohttp-session's CPU per request, aiosonic 4,100-5,400 req/s at 1.1-1.3x; pycurl-plain and pyreqwest-lean within
-the noise of pycurl-multi and pyreqwest-streamed.
+2026-12-04 (2 cores shared with other work, each in one run with aiohttp-session): curl-cffi 1,500-2,200 req/s at
+2.3-2.6x aiohttp-session's CPU per request, aiosonic 4,100-5,400 req/s at 1.1-1.3x; pycurl-plain and pyreqwest-lean
+within the noise of pycurl-multi and pyreqwest-streamed. Figures: ``bench/README.md``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ import os
 import re
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -806,6 +807,18 @@ def report(names: list[str], loops: list[str], results: dict[tuple[str, str], li
     if references:
         print(f"CPU reference sum(range(1000)), measured by each candidate's process: {min(references):.1f}-"
               f"{max(references):.1f} µs")
+    print(f"median over the rounds, against {BASELINE} in the same round: CPU of the process / of its event loop's "
+          "thread; req/s")
+    for loop in loops:
+        for name in names:
+            bases = results.get((BASELINE, loop), [])
+            pairs = [(result, base) for result, base in zip(results[(name, loop)], bases, strict=False)
+                     if isinstance(result, dict) and isinstance(base, dict)]
+            if pairs:
+                process = statistics.median(result["cpu_us"] / base["cpu_us"] for result, base in pairs)
+                thread = statistics.median(result["loop_us"] / base["loop_us"] for result, base in pairs)
+                rate = statistics.median(result["rate"] / base["rate"] for result, base in pairs)
+                print(f"  {name:20s} {loop:7s} {process:5.2f}x / {thread:5.2f}x; {rate:5.2f}x")
 
 
 if __name__ == "__main__":

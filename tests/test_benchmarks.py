@@ -47,6 +47,10 @@ TINY_RUNS = {
     "bench_record_transaction": (["--batch", "100", "--rounds", "2"],
                                  r"packed ahead \(this release\) +transaction +[\d.]+ ms(.|\n)*"
                                  r"packed inside \(reference\) +transaction +[\d.]+ ms(.|\n)*write lock held: [\d.]+x"),
+    "bench_request_path": (["--quick"], r"aiohttp-session +uvloop +\| +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +1\.00\n(.|\n)*"
+                                        r"pycurl-multi +uvloop +\| +\d+ +[\d.]+(.|\n)*"
+                                        r"pyreqwest-streamed +uvloop +\| +\d+ +[\d.]+(.|\n)*CPU reference"),
+    "request_path_features": ([], r"feature matrix: 2 clients checked; missing: none"),
     "bench_write_gate": (["--seconds", "0.5", "--cases", "1"],
                          r"busy handler \(reference\): +\d+ transactions/s(.|\n)*write gate: +\d+ transactions/s"),
     "bench_message_log": (["--kept", "3000", "--hot-messages", "1000", "--rounds", "1", "--probes", "20"],

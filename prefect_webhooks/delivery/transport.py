@@ -179,15 +179,21 @@ class CurlTransport:
         """Send one request and return its answer; raises ``TransportError`` when no HTTP answer came, and
         ``ValueError`` for a header that would break the request (a line break in a name or value)."""
         lines = [f"{name}: {value}" for name, value in headers.items()]
-        if any("\n" in line or "\r" in line for line in lines):
+        joined = "\0".join(lines)
+        if "\n" in joined or "\r" in joined:
             raise ValueError("a request header holds a line break")
         lines.append("Expect:")  # no 100-continue round trip before a large body
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         handle = self._take(tls)
-        handle.setopt(pycurl.URL, url)
-        handle.setopt(pycurl.CUSTOMREQUEST, method)
+        # A handle is reused mostly for the same URL and method: those are set only when they change.
+        if handle.url != url:
+            handle.setopt(pycurl.URL, url)
+            handle.url = url
+        if handle.method != method:
+            handle.setopt(pycurl.CUSTOMREQUEST, method)
+            handle.method = method
         handle.setopt(pycurl.POSTFIELDS, body)
         handle.setopt(pycurl.HTTPHEADER, lines)
         handle.answer.clear()
@@ -260,6 +266,7 @@ class CurlTransport:
         handle = pycurl.Curl()
         answer, head = bytearray(), bytearray()
         handle.answer, handle.head, handle.limit, handle.blocked, handle.future = answer, head, READ_LIMIT, None, None
+        handle.url = handle.method = None
 
         def write(chunk: bytes) -> int | None:
             answer.extend(chunk)

@@ -161,19 +161,16 @@ def status(
 
     The store is PREFECT_WEBHOOKS_DATABASE_URL, or the SQLite file webhooks.db in PREFECT_WEBHOOKS_HOME
     (~/.prefect-webhooks by default); its location is printed first (to standard error with --json or --prometheus).
-    A store that does not exist is an error: status never creates one.
+    A store that does not exist is an error: status never creates one. A store an earlier release wrote is upgraded
+    first, as serve upgrades it (what was done is said on standard error).
     """
+    from prefect_webhooks.commands.opened_store import opened_store
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
     from prefect_webhooks.store.log_partitions import kept_counts
     from prefect_webhooks.store.metrics import backlog_snapshot, health_document, prometheus_text, status_table
     from prefect_webhooks.store.seen_ids import remembered_ids
 
-    try:
-        engine = open_existing_store()
-    except StoreNotFound as exc:
-        print(f"status: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    engine = opened_store("status")
     print(f"store: {get_settings().store.location()}",
           file=sys.stderr if as_json or prometheus else sys.stdout)
     snapshot = {**backlog_snapshot(engine), "kept": kept_counts(engine), "remembered": remembered_ids(engine)}

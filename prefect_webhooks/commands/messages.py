@@ -2,7 +2,7 @@
 and send it again.
 
 Reads the store only (``store.lookups``; ``resend`` puts messages back into its queue): no Prefect server needed,
-and no store is created.
+and no store is created; one an earlier release wrote is upgraded first (``commands.opened_store``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from prefect_webhooks.commands.opened_store import opened_store
 from prefect_webhooks.commands.replay import time_option
 
 if TYPE_CHECKING:
@@ -24,13 +25,7 @@ STATES = ("pending", "delivered", "filtered", "failed")
 
 
 def _store_connection(command: str) -> Any:
-    from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
-
-    try:
-        return open_existing_store().connect()
-    except StoreNotFound as exc:
-        print(f"{command}: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    return opened_store(command).connect()
 
 
 @messages_app.command("list")
@@ -134,15 +129,9 @@ def messages_resend(
     """Send delivered or failed messages again, while they are kept: each goes back into the queue with its id (the
     receiver sees the same webhook id), due now, signed with the destination's current secret when it is sent, and
     its new attempt is added to those it had. Exits 1 when any id could not be sent again, saying why."""
-    from prefect_webhooks.store.engines import StoreNotFound, open_existing_store
     from prefect_webhooks.store.replay import RESENT, resend_messages
 
-    try:
-        engine = open_existing_store()
-    except StoreNotFound as exc:
-        print(f"messages resend: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
-    outcomes = resend_messages(ids, engine=engine)
+    outcomes = resend_messages(ids, engine=opened_store("messages resend"))
     for number, outcome in outcomes.items():
         print(f"{number}: {outcome}", file=sys.stdout if outcome == RESENT else sys.stderr)
     if any(outcome != RESENT for outcome in outcomes.values()):

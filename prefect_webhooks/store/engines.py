@@ -1,7 +1,10 @@
 """Engines for the store: one per URL and process, SQLite tuned for WAL, the schema created idempotently.
 
 SQLite (WAL) by default, PostgreSQL for scale-out; the same schema and code serve both. ``create_schema`` is
-idempotent, so every process may call it at start.
+idempotent, so every process may call it at start: it makes a new store, and upgrades a store an earlier release
+wrote (missing tables, columns and indexes, then the steps of ``upgrades``), one process at a time. Whatever opens a
+store does it, ``serve``'s processes (``get_engine``) and every command (``open_existing_store``), and the process
+that upgraded says on standard error what it did and how long it took.
 """
 
 from __future__ import annotations
@@ -9,16 +12,18 @@ from __future__ import annotations
 import os
 import secrets
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, inspect, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import SQLModel, create_engine
 
 try:
@@ -93,12 +98,19 @@ class StoreNotFound(LookupError):
     """No store where the settings point: ``open_existing_store`` looked and creates nothing."""
 
 
+class StoreNotUpgraded(LookupError):
+    """A store an earlier release wrote, which this process could not upgrade (it may not write there)."""
+
+
 def open_existing_store(url: str | None = None) -> Engine:
-    """The engine of the store at ``url`` (default: the configured one) if it exists; nothing is created.
+    """The engine of the store at ``url`` (default: the configured one) if it exists, upgraded as ``serve``'s
+    processes upgrade it when an earlier release wrote it; no store is created.
 
     Raises:
         StoreNotFound: no SQLite file there, or a database without the store's tables; the message names the
             location (a URL without its password) and the settings that choose it.
+        StoreNotUpgraded: the store needs an upgrade this process cannot write; the message says why and what to
+            run.
     """
     url = url or get_settings().store.resolved_database_url()
     where = store_location(url)
@@ -112,13 +124,23 @@ def open_existing_store(url: str | None = None) -> Engine:
         found = inspect(engine).has_table(OutboxMessage.__tablename__)
     except OperationalError as exc:
         engine.dispose()
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
-        raise StoreNotFound(f"cannot open the store at {where} ({reason}): {hint}") from None
+        raise StoreNotFound(f"cannot open the store at {where} ({_first_line(exc)}): {hint}") from None
     if not found:
         engine.dispose()
         raise StoreNotFound(f"no prefect-webhooks store at {where} (it has no {OutboxMessage.__tablename__} table): "
                             f"{hint}")
+    try:
+        create_schema(engine)
+    except DBAPIError as exc:
+        engine.dispose()
+        raise StoreNotUpgraded(f"the store at {where} was written by an earlier release and this process cannot "
+                               f"upgrade it ({_first_line(exc)}): run `prefect-webhooks serve`, or this command, as "
+                               "a user that may write to the store") from None
     return engine
+
+
+def _first_line(exc: DBAPIError) -> str:
+    return str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
 
 
 def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -> Engine:
@@ -141,26 +163,64 @@ def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -
     return engine
 
 
-def create_schema(engine: Engine) -> None:
-    """Create every table and index that is missing; safe to call from any number of processes."""
+@dataclass
+class SchemaChanges:
+    """What ``create_schema`` did: made a new store, upgraded one an earlier release wrote, or nothing.
+
+    Attributes:
+        made: The store was new (it had no queue).
+        upgraded: What an existing store got, one phrase a step.
+        seconds: How long it took, waits for another process's upgrade not counted.
+    """
+
+    made: bool = False
+    upgraded: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self, where: str) -> str:
+        """One line for people: which store, how long, what was done."""
+        return f"upgraded the store at {where} in {self.seconds:.2f} s: {'; '.join(self.upgraded)}"
+
+
+def create_schema(engine: Engine) -> SchemaChanges:
+    """Create every table and index that is missing and upgrade a store an earlier release wrote; safe to call from
+    any number of processes, which make or upgrade it one at a time. An upgrade is said on standard error."""
+    with _one_at_a_time(engine):
+        started = time.monotonic()
+        with engine.begin() as connection:
+            changes = _create_missing(connection)
+            changes.upgraded += upgrade_store(connection)
+        moved = move_history_to_log(engine)
+        if moved:
+            changes.upgraded.append(f"moved {moved:,} finished message(s) from the queue to the message log")
+        changes.seconds = time.monotonic() - started
+    if changes.upgraded and not changes.made:
+        where = store_location(engine.url.set(drivername=engine.url.get_backend_name()).render_as_string())
+        print(f"prefect-webhooks: {changes.summary(where)}", file=sys.stderr, flush=True)
+    return changes
+
+
+@contextmanager
+def _one_at_a_time(engine: Engine) -> Iterator[None]:
+    """Held while a process makes or upgrades the store: the others wait, then find nothing left to do.
+
+    SQLite: Python's sqlite3 runs DDL outside a transaction, so two processes starting on a new store (serve's ingest
+    API and delivery workers) could both find a table missing and both create it ("table outbox already exists"):
+    an exclusive flock on the store's folder. Not on the store file itself: closing any descriptor of that file would
+    drop the POSIX locks SQLite's open connections in this process hold on it. PostgreSQL: concurrent CREATE TABLEs
+    race on its catalog (duplicate pg_type rows): an advisory lock of the session of a connection of its own, so
+    that it also spans the history's move, a transaction a few thousand messages.
+    """
     if engine.dialect.name != "postgresql":
-        # Python's sqlite3 runs DDL outside a transaction, so two processes starting on a new store (serve's ingest
-        # API and delivery workers) could both find a table missing and both create it ("table outbox already
-        # exists"). One creator at a time: an exclusive flock on the store's folder, held while the tables are
-        # checked and made. Not on the store file itself: closing any descriptor of that file would drop the POSIX
-        # locks SQLite's open connections in this process hold on it.
-        with _schema_lock(engine.url.database), engine.begin() as connection:
-            _create_missing(connection)
-            upgrade_store(connection)
-        move_history_to_log(engine)
+        with _schema_lock(engine.url.database):
+            yield
         return
-    with engine.begin() as connection:
-        # Concurrent CREATE TABLEs race on PostgreSQL's catalog (duplicate pg_type rows): one creator at a time,
-        # the lock held until this transaction commits; the others then find every table and create nothing.
-        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(7243051)")
-        _create_missing(connection)
-        upgrade_store(connection)
-    move_history_to_log(engine)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as holder:
+        holder.exec_driver_sql("SELECT pg_advisory_lock(7243051)")
+        try:
+            yield
+        finally:
+            holder.exec_driver_sql("SELECT pg_advisory_unlock(7243051)")
 
 
 @contextmanager
@@ -176,21 +236,39 @@ def _schema_lock(database: str | None) -> Iterator[None]:
         os.close(descriptor)  # the flock ends with the descriptor
 
 
-def _create_missing(connection: Connection) -> None:
+def _create_missing(connection: Connection) -> SchemaChanges:
+    inspector = inspect(connection)
+    existing = set(inspector.get_table_names())
     SQLModel.metadata.create_all(connection, checkfirst=True)
+    tables = SQLModel.metadata.sorted_tables
+    made = [table.name for table in tables if table.name not in existing]
+    changes = SchemaChanges(made=OutboxMessage.__tablename__ in made)
+    if made and not changes.made:
+        changes.upgraded.append(f"created table(s) {', '.join(made)}")
     # create_all makes a table's indexes only with the table: an index added in a later release must be created on
     # a store made before it.
     # Nor does it add a column a later release gave an existing table: nullable ones are added here (a column that
     # must hold a value comes with an upgrade step that fills it, in ``upgrades``).
-    inspector = inspect(connection)
-    for table in SQLModel.metadata.sorted_tables:
+    columns, indexes = [], []
+    for table in tables:
+        if table.name not in existing:
+            continue  # made whole just now, with its indexes
         present = {column["name"] for column in inspector.get_columns(table.name)}
         for column in table.columns:
             if column.name not in present and column.nullable:
                 kind = column.type.compile(dialect=connection.dialect)
                 connection.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}')
+                columns.append(f"{table.name}.{column.name}")
+        indexed = {index["name"] for index in inspector.get_indexes(table.name)}
         for index in table.indexes:
-            index.create(connection, checkfirst=True)
+            if index.name not in indexed:
+                index.create(connection, checkfirst=True)
+                indexes.append(str(index.name))
+    if columns:
+        changes.upgraded.append(f"added column(s) {', '.join(columns)}")
+    if indexes:
+        changes.upgraded.append(f"added index(es) {', '.join(indexes)}")
+    return changes
 
 
 _store_keys: dict[str, str] = {}

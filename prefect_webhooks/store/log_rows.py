@@ -36,7 +36,7 @@ ATTEMPTS = DeliveryAttempt.__table__
 # What a leaving queue row gives its log row, in the order ``log_row`` takes them.
 QUEUED_COLUMNS = (OUTBOX.c.id, OUTBOX.c.destination, OUTBOX.c.source, OUTBOX.c.message_type, OUTBOX.c.message_id,
                   OUTBOX.c.user_id, OUTBOX.c.body, OUTBOX.c.created_at, OUTBOX.c.attempts, OUTBOX.c.first_attempt_at,
-                  OUTBOX.c.endpoint)
+                  OUTBOX.c.endpoint, OUTBOX.c.earlier_attempts, OUTBOX.c.earlier_first_attempt_at)
 # An attempt's columns in ``Attempt``'s order.
 ATTEMPT_COLUMNS = (ATTEMPTS.c.outbox_id, ATTEMPTS.c.attempted_at, ATTEMPTS.c.url, ATTEMPTS.c.status_code,
                    ATTEMPTS.c.error, ATTEMPTS.c.latency_ms, ATTEMPTS.c.outcome, ATTEMPTS.c.response)
@@ -92,6 +92,15 @@ def row_names(queued: Sequence[Any], tries: Iterable[Attempt]) -> set[str]:
     return {name for name in (queued[1], queued[2]) if name is not None} | {attempt.url for attempt in tries}
 
 
+def with_earlier(attempts: int, first: datetime | None, earlier: int | None, earlier_first: Any) -> tuple[
+        int, datetime | None]:
+    """A message's attempts and first attempt time, with those it had before it was sent again (the queue row's
+    ``earlier_attempts`` and ``earlier_first_attempt_at``)."""
+    if not earlier:
+        return attempts, first
+    return attempts + earlier, read_store_time(earlier_first) or first
+
+
 def log_row(
     queued: Sequence[Any], outcome: Leaving, tries: list[Attempt], names: Mapping[str, int],
     millis: EpochMillis | None = None,
@@ -100,7 +109,7 @@ def log_row(
     first), its names numbered in ``names``; the partition it goes to is the caller's. ``millis``: the times of the
     batch's rows as milliseconds, shared by its calls."""
     (outbox_id, destination, source, message_type, message_id, user_id, body, created_at, attempts, first,
-     endpoint) = queued
+     endpoint, earlier, earlier_first) = queued
     millis = millis if millis is not None else EpochMillis()
     if outcome.purge:
         message_id = user_id = body = None
@@ -108,6 +117,8 @@ def log_row(
         first = read_store_time(first)
     else:
         attempts, first = outcome.attempts, outcome.first_attempt_at
+    if earlier:  # sent again (resend, replay): its record counts the attempts it had before, from its first
+        attempts, first = with_earlier(attempts, first, earlier, earlier_first)
     record = pack_fields(message_type, message_id, user_id, outcome.reason, attempts, created_at, first, tries,
                          None if body is None else bytes(body), endpoint, outcome.finished_at, names, millis)
     return {

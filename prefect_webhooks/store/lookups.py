@@ -16,7 +16,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from prefect_webhooks.messages.outcomes import PENDING, Attempt
-from prefect_webhooks.store.log_rows import ATTEMPT_COLUMNS
+from prefect_webhooks.store.log_rows import ATTEMPT_COLUMNS, with_earlier
 from prefect_webhooks.store.message_log import find_kept
 from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage, to_store_time
 from prefect_webhooks.utilities.urls import display_url
@@ -169,9 +169,15 @@ def _queued(
         for attempt in connection.execute(select(*ATTEMPT_COLUMNS).where(
                 ATTEMPTS.c.outbox_id.in_([row.id for row in rows])).order_by(ATTEMPTS.c.attempted_at)):
             tries.setdefault(attempt[0], []).append(Attempt(*attempt))
-    return [StoredMessage(row.id, row.destination, row.source, row.message_type, row.message_id, row.user_id,
-                          row.state, row.reason, row.attempts, row.created_at, row.first_attempt_at,
-                          row.next_attempt_at, row.body, tries.get(row.id, []), row.endpoint) for row in rows]
+    found = []
+    for row in rows:
+        # A message sent again counts the attempts it had before, from its first (``replay``).
+        attempts, first = with_earlier(row.attempts, row.first_attempt_at, row.earlier_attempts,
+                                       row.earlier_first_attempt_at)
+        found.append(StoredMessage(row.id, row.destination, row.source, row.message_type, row.message_id, row.user_id,
+                                   row.state, row.reason, attempts, row.created_at, first, row.next_attempt_at,
+                                   row.body, tries.get(row.id, []), row.endpoint))
+    return found
 
 
 def time_text(value: datetime | None) -> str:

@@ -7,9 +7,10 @@ their first attempt (or, never attempted, their failure) to the time they failed
 runs as chunks of ``chunk`` messages, each its own short transaction, so it neither holds locks for long nor stalls
 claims; ``on_chunk`` reports progress. Each partition of the log is read through its (destination, time) index.
 
-A message keeps its number, so a receiver sees the same webhook id; its attempt counter and first attempt time are
-reset, so it gets a full ``max_retry_age`` from its next attempt, and its earlier attempts go back beside it, so its
-history stays whole when it leaves the queue again. A message whose body a deletion request purged stays failed.
+A message keeps its number, so a receiver sees the same webhook id; its retries start afresh (backoff from the first
+delay, a full ``max_retry_age`` from its next attempt), while its history stays whole: its earlier attempts go back
+beside it, and its record counts them with the new ones and keeps its first attempt's time (the queue row's
+``earlier_attempts`` and ``earlier_first_attempt_at``). A message whose body a deletion request purged stays failed.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def put_back(connection: Connection, partition: Partition | str, messages: Seque
     insert_rows(connection, OUTBOX, [
         {"id": m.id, "destination": m.destination, "source": m.content.source, "message_type": m.content.message_type,
          "message_id": m.content.message_id, "user_id": m.content.user_id, "body": m.content.body, "state": PENDING,
-         "attempts": 0, "created_at": m.content.created_at, "next_attempt_at": now, "endpoint": m.content.endpoint}
+         "attempts": 0, "created_at": m.content.created_at, "next_attempt_at": now, "endpoint": m.content.endpoint,
+         "earlier_attempts": m.content.attempts or None,
+         "earlier_first_attempt_at": m.content.first_attempt_at if m.content.attempts else None}
         for m in back])
     insert_rows(connection, ATTEMPTS, attempt_rows(attempt for message in back for attempt in message.content.tries))
     return len(back)
@@ -202,7 +205,7 @@ RESENT = "queued again"
 def resend_messages(ids: Sequence[int], *, engine: Engine | None = None) -> dict[int, str]:
     """Send kept messages again: each delivered or failed one goes back into the queue with its number (the receiver
     sees the same webhook id), due now, and is signed with the destination's current secret when it is sent; its
-    earlier attempts stay with it and the new one is added.
+    earlier attempts stay with it, the new one is added to its count and its first attempt's time is kept.
 
     Args:
         ids: The messages' numbers (as ``messages list`` shows them).

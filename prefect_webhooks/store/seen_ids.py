@@ -352,12 +352,15 @@ def unlisted_periods(engine: Engine) -> list[str]:
 
 
 def remembered_ids(engine: Engine) -> int:
-    """How many ids the window holds: sealed periods by their kept count, the few open ones counted."""
+    """How many ids the window holds: sealed periods by their kept count, the few open ones counted, and the ids a
+    store from before these tables still holds in ``seen_messages`` (until retention has emptied it)."""
     total = 0
     with engine.connect() as connection:
         for name, ids in connection.execute(select(PERIOD_LIST.c.name, PERIOD_LIST.c.ids)).all():
             total += ids if ids is not None else connection.execute(
                 select(func.count()).select_from(period_table(name))).scalar_one()
+        if LEGACY.name in _table_names(connection):
+            total += connection.execute(select(func.count()).select_from(LEGACY)).scalar_one()
     return total
 
 

@@ -66,6 +66,11 @@ class OutboxMessage(SQLModel, table=True):
     endpoint: str | None = Field(default=None, max_length=32, description=(
         "The one endpoint (its key) this row goes to, for a destination that delivers to each endpoint; every "
         "endpoint of the destination when unset (``delivery.fan_out``)."))
+    earlier_attempts: int | None = Field(default=None, description=(
+        "Attempts it had before it was sent again (``messages resend``, replay): its record counts them with the new "
+        "ones, while ``attempts`` and ``first_attempt_at`` (its retries and deadline) start afresh."))
+    earlier_first_attempt_at: NaiveDatetime | None = Field(default=None, description=(
+        "Its first attempt before it was sent again: its record keeps this time."))
 
 
 class EndpointState(SQLModel, table=True):

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from prefect import get_client
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.flows.deliver import deliver
@@ -78,10 +78,18 @@ async def test_replay_puts_back_only_the_selected_failures_and_they_are_delivere
         assert await state.result() == 3
         rows = outbox()
         assert [row.state for row in rows] == [FAILED, PENDING, PENDING, PENDING, PENDING]
-        assert all(row.attempts == 0 and row.first_attempt_at is None for row in rows[1:4])
+        # Their retries start afresh (the queue row's count and first attempt: a full retry age), while each still
+        # counts the attempt it had, from its first.
+        with get_engine().connect() as connection:
+            queued = connection.execute(select(OUTBOX.c.attempts, OUTBOX.c.first_attempt_at, OUTBOX.c.earlier_attempts)
+                                        .where(OUTBOX.c.id.in_([2, 3, 4]))).all()
+        assert queued == [(0, None, 1)] * 3
+        first = [row.first_attempt_at for row in rows[1:4]]
+        assert [row.attempts for row in rows[1:4]] == [1, 1, 1] and None not in first
         summary = await deliver(destination=name)
         assert summary["delivered"] == 3
     assert [row.state for row in outbox()[:4]] == [FAILED, DELIVERED, DELIVERED, DELIVERED]
+    assert [(row.attempts, row.first_attempt_at) for row in outbox()[1:4]] == [(2, at) for at in first]
     assert sorted(orjson.loads(r.body)["userId"] for r in receiver.requests[4:]) == ["u1", "u2", "u3"]
     assert (await replay_summary(state))["replayed"] == 3
 

@@ -186,7 +186,12 @@ def test_replay_puts_failed_rows_back_with_a_fresh_deadline(store_url: str) -> N
     assert replay_failed("crm", reason_prefix="expired", created_after=datetime(2025, 6, 1)) == 2
     stored = {row.id: row for row in every_message(engine)}
     assert [stored[i].state for i in (1, 2, 3, 4, 5)] == [FAILED, FAILED, PENDING, PENDING, FAILED]
-    assert stored[3].attempts == 0 and stored[3].first_attempt_at is None and stored[3].reason is None
+    # Its history is counted (7 attempts, from its first); its retries start afresh: the queue row's own count and
+    # first attempt, which its deadline runs from, are reset.
+    assert (stored[3].attempts, stored[3].first_attempt_at, stored[3].reason) == (7, old, None)
+    with engine.connect() as connection:
+        assert connection.execute(select(OUTBOX.c.attempts, OUTBOX.c.first_attempt_at).where(OUTBOX.c.id == 3)).one(
+        ) == (0, None)
     assert stored[3].next_attempt_at <= store_now()
     assert replay_failed("crm") == 2
     assert replay_failed("crm") == 0

@@ -1,7 +1,7 @@
 """Request path: which HTTP client sends a signed webhook for the least client CPU, same requests, one run.
 
     .venv/bin/python bench/bench_request_path.py [--requests 20000] [--concurrency 64] [--loops uvloop asyncio]
-        [--candidates aiohttp-session pycurl-multi ...] [--quick]
+        [--candidates aiohttp-session pycurl-transport ...] [--quick]
 
 Every candidate sends the same ``--requests`` POSTs (distinct ~400-byte JSON bodies of the seed's track shape, each
 signed when sent: ``X-Signature`` HMAC-SHA1 hex, ``Idempotency-Key``, ``User-Agent: prefect-webhooks/1.0``,
@@ -22,18 +22,28 @@ Candidates (each does what delivery needs per request: method, headers, a total 
 start (at most 1 KB read where the client can bound it), ``Retry-After`` on 429/503):
 
 - ``shape-only``: the shared per-request work alone (signature, header dict), no request: what is not the client's;
-- ``aiohttp-session``: ``ClientSession.request`` as ``delivery/sender.py`` uses it today (TCPConnector, DummyCookieJar,
-  ``auto_decompress=False``, ``ClientTimeout(total=5)``, ``allow_redirects=False``, ``ssl=True``, body read whole);
+- ``aiohttp-session``: ``ClientSession.request`` as ``delivery/sender.py`` used it until delivery moved to pycurl
+  (b9ea458; the reference the ratios are taken against): TCPConnector, DummyCookieJar, ``auto_decompress=False``,
+  ``ClientTimeout(total=5)``, ``allow_redirects=False``, ``ssl=True``, body read whole;
 - ``aiohttp-request``: aiohttp's layer under the session: ``ClientRequest`` + ``TCPConnector.connect`` +
   ``req.send`` / ``resp.start`` / ``resp.content.read(1024)`` + ``release``, a total timeout by ``asyncio.timeout``
   (what ``ClientSession._request`` does without cookies, redirects, tracing, middlewares and its timer);
 - ``protocol-httptools`` (a floor, not a candidate: a client of our own): an ``asyncio.Protocol`` per connection,
   the request bytes joined by hand, httptools' llhttp parser (C) for the answer, an idle-connection list;
-- ``pycurl-multi``: libcurl's multi interface on the event loop (``CurlLoop``: ``socket_action`` from
-  ``loop.add_reader`` / ``add_writer`` and a timer; after Tornado's ``curl_httpclient``): Curl handles reused with
-  their fixed options set once, per request only URL, headers, body (and method when it changes); HTTP/1.1,
-  ``M_MAX_HOST_CONNECTIONS``; answer bounded by the write callback; libcurl's timer moves kept to one loop timer;
-  ``pycurl-plain``: the same with Tornado's timer handling (a new ``call_later`` at every move);
+- ``pycurl-transport``: delivery's request path, the package's ``CurlTransport`` (``delivery/transport.py``:
+  libcurl's multi interface on the event loop, ``socket_action`` from ``loop.add_reader`` / ``add_writer`` and one
+  loop timer, after Tornado's ``curl_httpclient``), made and called as ``delivery/sender.py`` does: one transport,
+  ``timeout`` 5 s, keep-alive 30 s, ``connections`` the concurrency, ``await transport.request("POST", url, body,
+  headers)``, ``answer.header(b"retry-after")`` on 429/503; the answer bounded by delivery's ``READ_LIMIT``
+  (64 KiB), the private-network guard off (its default; the receiver is on loopback). Importing the package loads
+  Prefect (seconds of CPU): the candidate's process does it before the warm-up, and then holds Prefect's modules
+  (the garbage collector set as for every other candidate: the delivery worker's ``tune_gc_for_serving`` is not
+  applied). The bench's own first driver (``CurlLoop``, removed: no step written twice) was measured on 2026-12-04
+  with libcurl's timer moves kept to one loop timer and with Tornado's handling (a new ``call_later`` at every move,
+  ``pycurl-plain``): the two were within each other's noise. Keeping a keep-alive connection's socket watched
+  between requests would save two ``epoll_ctl`` a request but is unsafe: libcurl closes idle connections without a
+  word (pycurl's ``CLOSESOCKETFUNCTION`` fails for a connection whose handle left the multi), and a registration
+  that outlives its descriptor lands on whatever socket takes the number next;
 - ``pyreqwest-consumed`` / ``pyreqwest-streamed``: pyreqwest's async ``Client`` (reqwest/hyper on a Tokio runtime on
   its own thread), ``max_connections``, ``http1_only``, no decompression, no redirects; the body read whole, or
   ``build_streamed`` + ``body_reader.read(1024)`` (the bounded read delivery needs); ``pyreqwest-lean``: streamed,
@@ -41,10 +51,10 @@ start (at most 1 KB read where the client can bound it), ``Retry-After`` on 429/
 - ``curl-cffi``, ``aiosonic``: other maintained clients (libcurl through cffi with its own asyncio integration; a
   pure-Python asyncio client), run when installed (not test dependencies).
 
-``pycurl-plain``, ``pyreqwest-lean``, ``curl-cffi`` and ``aiosonic`` run only when named in ``--candidates``. On
-2026-12-04 (2 cores shared with other work, each in one run with aiohttp-session): curl-cffi 1,500-2,200 req/s at
-2.3-2.6x aiohttp-session's CPU per request, aiosonic 4,100-5,400 req/s at 1.1-1.3x; pycurl-plain and pyreqwest-lean
-within the noise of pycurl-multi and pyreqwest-streamed. Figures: ``bench/README.md``.
+``pyreqwest-lean``, ``curl-cffi`` and ``aiosonic`` run only when named in ``--candidates``. On 2026-12-04 (2 cores
+shared with other work, each in one run with aiohttp-session): curl-cffi 1,500-2,200 req/s at 2.3-2.6x
+aiohttp-session's CPU per request, aiosonic 4,100-5,400 req/s at 1.1-1.3x; pyreqwest-lean within the noise of
+pyreqwest-streamed. Figures: ``bench/README.md``.
 """
 
 from __future__ import annotations
@@ -59,7 +69,6 @@ import json
 import os
 import re
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -288,255 +297,25 @@ async def protocol_httptools(url: str, concurrency: int, shape: Callable) -> Asy
                 connection.transport.close()
 
 
-class CurlLoop:
-    """libcurl's multi interface on an asyncio event loop: the ``pycurl-multi`` candidate's client.
-
-    libcurl tells which sockets to watch (``M_SOCKETFUNCTION``) and when to call it back (``M_TIMERFUNCTION``); the
-    loop calls ``socket_action`` when a socket is ready or the timer is due, then collects finished transfers
-    (``info_read``). Each Curl handle is kept with its fixed options; a request sets only what changes. All of it
-    runs on the event loop's thread (libcurl's threaded resolver aside).
-
-    ``options``: extra ``(option, value)`` pairs set once per handle (CA files, ...); ``profile()``: options of the
-    handles of one endpoint (its client certificate), on the same connection cache; ``guard``: called with the
-    address about to be connected to (OPENSOCKETFUNCTION), it returns a refusal text or None; ``thrifty``: keep
-    libcurl's timer moves to one loop timer (else a new ``call_later`` at each, as Tornado does).
-    """
-
-    def __init__(self, concurrency: int, *, options: list[tuple[int, Any]] = (),  # type: ignore[assignment]
-                 guard: Callable[[str], str | None] | None = None, timeout: float = TIMEOUT,
-                 connect_timeout: float = CONNECT_TIMEOUT, answer_limit: int = ANSWER_LIMIT,
-                 thrifty: bool = True) -> None:
-        import pycurl
-
-        self.pycurl = pycurl
-        self.loop = asyncio.get_running_loop()
-        self.multi = pycurl.CurlMulti()
-        self.thrifty = thrifty
-        self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
-        self.multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer_thrifty if thrifty else self._on_timer)
-        self.multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, concurrency)
-        self.multi.setopt(pycurl.M_MAXCONNECTS, max(concurrency, 8))
-        self.options = [
-            (pycurl.NOSIGNAL, 1), (pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1),
-            (pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS), (pycurl.FOLLOWLOCATION, 0),
-            (pycurl.TIMEOUT_MS, int(timeout * 1000)), (pycurl.CONNECTTIMEOUT_MS, int(connect_timeout * 1000)),
-            (pycurl.SSL_VERIFYPEER, 1), (pycurl.SSL_VERIFYHOST, 2), *options,
-        ]
-        self.guard = guard
-        self.answer_limit = answer_limit
-        self.free: dict[Any, list[Any]] = {}
-        """Idle handles per profile (the options of an endpoint's TLS: client certificate, ...)."""
-        self.profiles: dict[Any, list[tuple[int, Any]]] = {None: []}
-        self.watched: dict[int, int] = {}
-        """What the event loop watches per descriptor (POLL_IN | POLL_OUT), as libcurl asked."""
-        self.timer: asyncio.TimerHandle | None = None
-        self.soon_due = self.soon_pending = False
-        self.refused: dict[str, str] = {}
-        """Addresses the guard refused, with its reason (the transfer ends in COULDNT_CONNECT)."""
-
-    # libcurl -> event loop
-    def _watch(self, fd: int, old: int, new: int) -> None:
-        pycurl, loop = self.pycurl, self.loop
-        if old & pycurl.POLL_IN and not new & pycurl.POLL_IN:
-            loop.remove_reader(fd)
-        if old & pycurl.POLL_OUT and not new & pycurl.POLL_OUT:
-            loop.remove_writer(fd)
-        if new & pycurl.POLL_IN and not old & pycurl.POLL_IN:
-            loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
-        if new & pycurl.POLL_OUT and not old & pycurl.POLL_OUT:
-            loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
-        if new:
-            self.watched[fd] = new
-        else:
-            self.watched.pop(fd, None)
-
-    def _on_socket(self, event: int, fd: int, multi: Any, data: Any) -> None:
-        """The loop watches what libcurl asks for, no more: a keep-alive connection's reader is removed when its
-        transfer ends and added again for the next (two epoll_ctl a request). Keeping it registered while the
-        connection idles would save them, but libcurl closes idle connections without a word (pycurl's
-        CLOSESOCKETFUNCTION fails for a connection whose handle left the multi: "closesocket_callback failed to
-        acquire thread", the descriptor left open), and a registration outliving its descriptor lands on whatever
-        socket takes the number next."""
-        self._watch(fd, self.watched.get(fd, 0), 0 if event == self.pycurl.POLL_REMOVE else event)
-
-    def _on_timer(self, ms: int) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if ms >= 0:
-            self.timer = self.loop.call_later(ms / 1000.0, self._on_timeout)
-
-    def _on_timer_thrifty(self, ms: int) -> None:
-        """libcurl moves its timer twice a request (to now, then to the 5 s timeout ahead). Now is a call_soon that
-        does nothing once superseded; a later deadline keeps the loop timer already set when that one is due
-        sooner: firing early is harmless (``_on_timeout`` then sets the timer libcurl still wants)."""
-        if ms == 0:
-            self.soon_due = True
-            if not self.soon_pending:
-                self.soon_pending = True
-                self.loop.call_soon(self._on_soon)
-            return
-        self.soon_due = False
-        if ms < 0:
-            return  # a timer still set fires early, harmlessly
-        at = self.loop.time() + ms / 1000.0
-        if self.timer is None or self.timer.when() > at:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer = self.loop.call_at(at, self._on_timeout)
-
-    def _on_soon(self) -> None:
-        self.soon_pending = False
-        if self.soon_due:
-            self.soon_due = False
-            self.multi.socket_action(self.pycurl.SOCKET_TIMEOUT, 0)
-            self._collect()
-
-    def _open_socket(self, purpose: int, address: Any) -> Any:
-        host = address.addr[0]
-        refusal = self.guard(host) if self.guard is not None else None
-        if refusal is not None:
-            self.refused[host] = refusal
-            return self.pycurl.SOCKET_BAD
-        return socket.socket(address.family, address.socktype, address.protocol)
-
-    # event loop -> libcurl
-    def _act(self, fd: int, action: int) -> None:
-        self.multi.socket_action(fd, action)
-        self._collect()
-
-    def _on_timeout(self) -> None:
-        self.timer = None
-        self.multi.socket_action(self.pycurl.SOCKET_TIMEOUT, 0)
-        self._collect()
-        if self.thrifty and self.timer is None and not self.soon_pending:
-            ms = self.multi.timeout()  # it may have fired early: libcurl's own deadline is still ahead
-            if ms >= 0:
-                self._on_timer_thrifty(ms)
-
-    def _collect(self) -> None:
-        while True:
-            queued, done, failed = self.multi.info_read()
-            for curl in done:
-                self._finish(curl, 0, "")
-            for curl, number, message in failed:
-                self._finish(curl, number, message)
-            if not queued:
-                return
-
-    def profile(self, key: Any, options: list[tuple[int, Any]]) -> None:
-        """Options set once on the handles of requests that name ``key`` (an endpoint's client certificate):
-        libcurl reuses a connection only for a request with the same TLS options."""
-        self.profiles[key] = options
-
-    def _handle(self, profile: Any) -> Any:
-        pycurl = self.pycurl
-        curl = pycurl.Curl()
-        for option, value in [*self.options, *self.profiles[profile]]:
-            curl.setopt(option, value)
-        if self.guard is not None:
-            curl.setopt(pycurl.OPENSOCKETFUNCTION, self._open_socket)
-        limit = self.answer_limit
-        chunks: list[bytes] = []
-        header_lines: list[bytes] = []
-        read = [0]
-
-        def write(data: bytes) -> int | None:
-            if read[0] >= limit:
-                return 0  # more than is kept: stop reading (the transfer ends, the connection is dropped)
-            chunks.append(data)
-            read[0] += len(data)
-            return None
-
-        curl.setopt(pycurl.WRITEFUNCTION, write)
-        curl.setopt(pycurl.HEADERFUNCTION, header_lines.append)
-        curl.chunks, curl.header_lines, curl.read, curl.method = chunks, header_lines, read, "POST"
-        curl.profile = profile
-        return curl
-
-    def request(self, method: str, url: str, body: bytes, headers: list[str], profile: Any = None) -> asyncio.Future:
-        """Start one request; the future gets ``(status, answer, header lines, curl error number, message,
-        connected)``: on an error, ``connected`` says whether a connection had been made (CONNECT_TIME)."""
-        pycurl = self.pycurl
-        free = self.free.get(profile)
-        curl = free.pop() if free else self._handle(profile)
-        curl.setopt(pycurl.URL, url)
-        curl.setopt(pycurl.HTTPHEADER, headers)
-        curl.setopt(pycurl.POSTFIELDS, body)
-        if method != curl.method:
-            if method == "POST":
-                curl.unsetopt(pycurl.CUSTOMREQUEST)
-            else:
-                curl.setopt(pycurl.CUSTOMREQUEST, method)
-            curl.method = method
-        curl.future = future = self.loop.create_future()
-        self.multi.add_handle(curl)
-        return future
-
-    def _finish(self, curl: Any, number: int, message: str) -> None:
-        self.multi.remove_handle(curl)
-        future, curl.future = curl.future, None
-        status = curl.getinfo(self.pycurl.RESPONSE_CODE)
-        answer = b"".join(curl.chunks)[:self.answer_limit]
-        header_lines = curl.header_lines[:]
-        curl.chunks.clear()
-        curl.header_lines.clear()
-        connected = True
-        if number == self.pycurl.E_WRITE_ERROR and curl.read[0] >= self.answer_limit:
-            number, message = 0, ""  # we stopped reading: the answer's start is all we keep
-        elif number:
-            # A timeout is one error number (28) for both: whether a connection was made tells them apart.
-            connected = curl.getinfo(self.pycurl.CONNECT_TIME) > 0
-        curl.read[0] = 0
-        self.free.setdefault(curl.profile, []).append(curl)
-        if not future.done():
-            future.set_result((status, answer, header_lines, number, message, connected))
-
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        for fd in list(self.watched):
-            self._watch(fd, self.watched[fd], 0)
-        self.multi.close()
-        for handles in self.free.values():
-            for curl in handles:
-                curl.close()
-
-
-def retry_after_of(header_lines: list[bytes]) -> str | None:
-    for line in header_lines:
-        if line[:12].lower() == b"retry-after:":
-            return line[12:].strip().decode("latin-1")
-    return None
-
-
 @contextlib.asynccontextmanager
-async def pycurl_multi(url: str, concurrency: int, shape: Callable, thrifty: bool = True) -> AsyncIterator[Send]:
-    import ssl
+async def pycurl_transport(url: str, concurrency: int, shape: Callable) -> AsyncIterator[Send]:
+    """Delivery's request path: the package's ``CurlTransport``, made and called as ``delivery/sender.py`` does."""
+    # Importing the package loads Prefect (seconds of CPU): done here, before the warm-up and the measured requests.
+    from prefect_webhooks.delivery.transport import CurlTransport
 
-    import pycurl
-
-    paths = ssl.get_default_verify_paths()
-    client = CurlLoop(concurrency, options=[(pycurl.CAINFO, paths.cafile), (pycurl.CAPATH, paths.capath)],
-                      thrifty=thrifty)
+    # The guard stays off, as by default: the receiver is on loopback.
+    transport = CurlTransport(timeout=TIMEOUT, keepalive_seconds=30, connections=concurrency)
     try:
         async def send(i: int) -> int:
             body, headers = shape(i)
-            lines = [f"{name}: {value}" for name, value in headers.items()]
-            lines.append("Expect:")
-            status, answer, header_lines, number, message, _ = await client.request("POST", url, body, lines)
-            if number:
-                raise OSError(f"curl error {number}: {message}")
-            retry_after = retry_after_of(header_lines) if status in RETRY_AFTER_STATUSES else None
-            del answer, retry_after
+            answer = await transport.request("POST", url, body, headers)
+            status = answer.status
+            retry_after = answer.header(b"retry-after") if status in RETRY_AFTER_STATUSES else None
+            del retry_after
             return status
         yield send
     finally:
-        client.close()
-
-
-def pycurl_plain(url: str, concurrency: int, shape: Callable) -> Any:
-    return pycurl_multi(url, concurrency, shape, thrifty=False)
+        await transport.close()
 
 
 def pyreqwest_client(concurrency: int, headers: dict[str, str] | None = None) -> Any:
@@ -643,8 +422,7 @@ CANDIDATES: dict[str, tuple[Callable[..., Any], str | None]] = {
     "aiohttp-session": (aiohttp_session, "aiohttp"),
     "aiohttp-request": (aiohttp_request, "aiohttp"),
     "protocol-httptools": (protocol_httptools, "httptools"),
-    "pycurl-multi": (pycurl_multi, "pycurl"),
-    "pycurl-plain": (pycurl_plain, "pycurl"),
+    "pycurl-transport": (pycurl_transport, "pycurl"),
     "pyreqwest-consumed": (pyreqwest_consumed, "pyreqwest"),
     "pyreqwest-streamed": (pyreqwest_streamed, "pyreqwest"),
     "pyreqwest-lean": (pyreqwest_lean, "pyreqwest"),
@@ -653,7 +431,7 @@ CANDIDATES: dict[str, tuple[Callable[..., Any], str | None]] = {
 }
 BASELINE = "aiohttp-session"
 # Run only when named: far behind (curl-cffi, aiosonic), or variants that changed nothing (the module's docstring).
-NOT_BY_DEFAULT = ("curl-cffi", "aiosonic", "pycurl-plain", "pyreqwest-lean")
+NOT_BY_DEFAULT = ("curl-cffi", "aiosonic", "pyreqwest-lean")
 
 
 # ------------------------------------------------------------------------------------------------- one candidate

@@ -1,30 +1,40 @@
-"""What delivery needs of its HTTP client, tried for real on pycurl (CurlMulti on the event loop) and pyreqwest.
+"""What delivery needs of its HTTP client, tried for real on delivery's transport (pycurl) and on pyreqwest.
 
     .venv/bin/python bench/request_path_features.py [--clients pycurl pyreqwest]
 
 Companion of ``bench_request_path.py`` (which measures their CPU per request): local servers with certificates of
 ``trustme`` CAs, in a thread of this process (HTTPS with ALPN h2 + http/1.1; HTTPS demanding a client certificate;
 HTTPS with a certificate of a CA nobody trusts; plain HTTP; a listener whose backlog is full, where a connect hangs),
-and for each client one line per feature: ``yes`` / ``no``, and how (or what failed). The pycurl client is
-``bench_request_path.CurlLoop``; pyreqwest is configured per endpoint (``ClientBuilder``), one client per endpoint.
+and for each client one line per feature: ``yes`` / ``no``, and how (or what failed). The pycurl column is the
+package's own ``CurlTransport`` (``delivery/transport.py``), made and called as ``delivery/sender.py`` does: one
+transport for every endpoint, ``ClientTls`` per endpoint, ``tls_ca_file``, ``block_private_networks``, ``limit``
+(``READ_LIMIT`` by default), one ``timeout``, failures read from ``TransportError`` (``certificate_refused``,
+``client_certificate_unusable``, ``timed_out``, ``blocked``) in the sender's order; the concurrency bounded by the
+caller's slots, as the sender's. pyreqwest (the runner-up) is configured per endpoint (``ClientBuilder``), one
+client per endpoint.
 
 Features: TLS verified against the system store and an extra CA file at once (the system store stands in for a
-CA installed in it: pycurl's ``CAPATH`` over a hashed folder, as ``/etc/ssl/certs`` is; for pyreqwest
+CA installed in it: for the transport, ``SSL_CERT_FILE`` naming a file or ``SSL_CERT_DIR`` a hashed folder, as
+``/etc/ssl/certs`` is, while it is made (it reads them through ``ssl.get_default_verify_paths``); for pyreqwest
 ``SSL_CERT_FILE`` in a child process, which is how rustls-platform-verifier reads Linux's store); a client
 certificate and key given as PEM text, the key under a password, per endpoint on the same host without mixing
-their connections; POST/PUT/PATCH with per-request headers; a connect timeout and a total timeout, told apart; at
-most 1 KB read of a 1 GB answer (the server counts what it could write); ``Retry-After`` read; keep-alive under a
-per-endpoint concurrency limit (the server counts connections and requests in flight); the private-network guard
-on the address actually connected to (a name resolving to loopback, an IP literal, a public-looking name pinned to
-loopback as DNS rebinding would); HTTP/1.1 only against a server offering h2 by ALPN; a certificate verification
-failure (unknown CA, wrong host name) told apart from other connection errors.
+their connections (the transport: an endpoint's own ``ca_bundle`` too, and a certificate or key it cannot use told
+apart); POST/PUT/PATCH with per-request headers; timeouts (the transport: one over the whole request, connecting
+included, as delivery's contract is; pyreqwest: a connect timeout and a total timeout, told apart); a bounded read
+of a 1 GB answer (the server counts what it could write; the transport at ``READ_LIMIT`` and at 1 KB, pyreqwest at
+1 KB); ``Retry-After`` read; keep-alive under a per-endpoint concurrency limit (the server counts connections and
+requests in flight); the private-network guard on the address actually connected to (a name resolving to loopback,
+an IP literal, a public-looking name pinned to loopback as DNS rebinding would: ``CURLOPT_RESOLVE`` set on the
+transport's handles by a subclass, the transport having no option for it); HTTP/1.1 only against a server
+offering h2 by ALPN; a certificate verification failure (unknown CA, wrong host name) told apart from other
+connection errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
+import contextlib
 import os
 import resource
 import socket
@@ -34,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -236,73 +247,93 @@ class Outcome:
     seconds: float = 0.0
 
 
-def blocked(address: str) -> str | None:
-    """The guard of ``delivery/network.py``: a refusal for loopback, private, link-local or reserved addresses."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    if not ip.is_global or ip.is_multicast:
-        return f"{address} is a private or loopback address"
-    return None
+@contextlib.contextmanager
+def system_store(file: str | None = None, folder: str | None = None) -> Iterator[None]:
+    """The system store as ``ssl.get_default_verify_paths`` reads it: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name
+    ``file`` / ``folder`` (one that is None names nothing), for the ``CurlTransport`` made inside."""
+    saved = {name: os.environ.get(name) for name in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+    os.environ["SSL_CERT_FILE"] = file or "/nonexistent/ca-file.pem"
+    os.environ["SSL_CERT_DIR"] = folder or "/nonexistent/ca-folder"
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class PycurlEndpoints:
-    """pycurl: one CurlLoop (one CurlMulti, one connection cache), a handle profile per endpoint's TLS options."""
+    """pycurl: the package's ``CurlTransport`` (``delivery/transport.py``), made and called as ``delivery/sender.py``
+    does: one transport (one CurlMulti, one connection cache) for every endpoint, an endpoint's client certificate
+    as its ``ClientTls``, the concurrency bounded by the caller's slots (the transport does not queue).
+
+    ``system_dir``, when given, stands for the system store (``SSL_CERT_DIR``, the real ``SSL_CERT_FILE`` named
+    nothing) while the transport is made: it reads the store once, there. ``connect_timeout`` is not the
+    transport's: its ``timeout`` covers the whole request, connecting included. ``resolve`` pins names to addresses
+    (``CURLOPT_RESOLVE``, a DNS answer's stand-in): the transport has no option for it, so a subclass sets it on
+    each handle it makes.
+    """
 
     def __init__(self, *, ca_file: str | None, system_dir: str | None, concurrency: int = 8,
                  guard: bool = False, connect_timeout: float = 5.0, timeout: float = 5.0,
-                 resolve: list[str] | None = None) -> None:
+                 resolve: list[str] | None = None, limit: int | None = None) -> None:
         import pycurl
-        from bench_request_path import CurlLoop
 
-        self.pycurl = pycurl
-        options: list[tuple[int, Any]] = []
-        if ca_file:
-            options.append((pycurl.CAINFO, ca_file))
-        if system_dir:
-            options.append((pycurl.CAPATH, system_dir))
+        from prefect_webhooks.delivery.transport import READ_LIMIT, ClientTls, CurlTransport, TransportError
+
+        self.client_tls, self.transport_error = ClientTls, TransportError
+        self.limit = READ_LIMIT if limit is None else limit
+        self.tls: dict[str, Any] = {}
+        self.slots = asyncio.Semaphore(concurrency)
+        made = CurlTransport
         if resolve:
-            options.append((pycurl.RESOLVE, resolve))
-        self.client = CurlLoop(concurrency, options=options, guard=blocked if guard else None,
-                               timeout=timeout, connect_timeout=connect_timeout)
+            class Pinned(CurlTransport):
+                def _new_handle(self, tls: Any) -> Any:
+                    handle = super()._new_handle(tls)
+                    handle.setopt(pycurl.RESOLVE, resolve)
+                    return handle
 
-    def certificate(self, name: str, chain: bytes, key: bytes, password: bytes | None) -> None:
-        pycurl = self.pycurl
-        options = [(pycurl.SSLCERT_BLOB, chain), (pycurl.SSLCERTTYPE, "PEM"), (pycurl.SSLKEY_BLOB, key),
-                   (pycurl.SSLKEYTYPE, "PEM")]
-        if password:
-            options.append((pycurl.KEYPASSWD, password.decode()))
-        self.client.profile(name, options)
+            made = Pinned
+        with system_store(folder=system_dir) if system_dir else contextlib.nullcontext():
+            self.transport = made(timeout=timeout, tls_ca_file=ca_file, block_private_networks=guard,
+                                  keepalive_seconds=30, connections=concurrency)
+
+    def certificate(self, name: str, chain: bytes, key: bytes, password: bytes | None,
+                    ca_bundle: bytes | None = None) -> None:
+        self.tls[name] = self.client_tls(chain, key, password.decode() if password else None, ca_bundle)
 
     async def send(self, url: str, method: str = "POST", headers: dict[str, str] | None = None,
                    body: bytes = b"{}", endpoint: str | None = None) -> Outcome:
-        from bench_request_path import retry_after_of
-
-        pycurl = self.pycurl
-        lines = [f"{k}: {v}" for k, v in (headers or {}).items()] + ["Expect:"]
         started = time.perf_counter()
-        status, answer, header_lines, number, message, connected = await self.client.request(
-            method, url, body, lines, profile=endpoint)
-        outcome = Outcome(seconds=time.perf_counter() - started)
-        if number == 0:
-            outcome.status, outcome.answer = status, answer
-            outcome.retry_after = retry_after_of(header_lines) if status in (429, 503) else None
-            return outcome
-        outcome.detail = f"curl {number}: {message}"
-        if number == pycurl.E_PEER_FAILED_VERIFICATION:
-            outcome.error = "certificate"
-        elif number == pycurl.E_OPERATION_TIMEDOUT:
-            outcome.error = "timeout" if connected else "connect-timeout"
-        elif number == pycurl.E_COULDNT_CONNECT and self.client.refused:
-            outcome.error = "refused-by-guard"
-            outcome.detail += f" ({'; '.join(self.client.refused.values())})"
-            self.client.refused.clear()
+        outcome = Outcome()
+        try:
+            async with self.slots:  # the sender's slots
+                answer = await self.transport.request(method, url, body, headers or {},
+                                                      tls=self.tls[endpoint] if endpoint else None, limit=self.limit)
+        except self.transport_error as exc:
+            # In the order of the sender's ``_failure``.
+            outcome.detail = f"curl {exc.code}: {exc.detail}"
+            if exc.blocked is not None:
+                outcome.error = "refused-by-guard"
+                outcome.detail += f" (blocked: {exc.blocked})"
+            elif exc.certificate_refused:
+                outcome.error = "certificate"
+            elif exc.client_certificate_unusable:
+                outcome.error = "client-certificate"
+            elif exc.timed_out:
+                outcome.error = "timeout"
+            else:
+                outcome.error = "connection"
         else:
-            outcome.error = "connection"
+            outcome.status, outcome.answer = answer.status, answer.body
+            outcome.retry_after = answer.header(b"retry-after") if answer.status in (429, 503) else None
+        outcome.seconds = time.perf_counter() - started
         return outcome
 
     async def close(self) -> None:
-        self.client.close()
+        await self.transport.close()
 
 
 class PyreqwestEndpoints:
@@ -353,7 +384,10 @@ class PyreqwestEndpoints:
             pinned = dict(entry.split(":", 1) for entry in s["resolve"])
             addresses = [pinned[host]] if host in pinned else sorted(
                 {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
-            refusals = [refusal for refusal in map(blocked, addresses) if refusal]
+            # The guard's own test of an address (delivery/network.py), as CurlTransport asks it.
+            from prefect_webhooks.delivery.network import blocked_reason, is_blocked_address
+
+            refusals = [blocked_reason(host, address) for address in addresses if is_blocked_address(address)]
             if refusals:
                 self.clients[key] = refusals[0]
                 return refusals[0]
@@ -406,7 +440,7 @@ def _causes(exc: Any) -> str:
 
 
 CLIENTS: dict[str, type] = {"pycurl": PycurlEndpoints, "pyreqwest": PyreqwestEndpoints}
-LIMITS = {"pycurl": "M_MAX_HOST_CONNECTIONS: per host:port of the multi",
+LIMITS = {"pycurl": "the caller's slots, as the sender's: the transport does not queue; connections= kept alive",
           "pyreqwest": "max_connections of the endpoint's client"}
 
 
@@ -429,39 +463,47 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
     seen = servers.seen
     make = CLIENTS[kind]
     ca_file = str(servers.ca_file)
-    # The system store's stand-in: a second CA, in a hashed folder (pycurl) / SSL_CERT_FILE (pyreqwest, below).
+    # The system store's stand-in: a second CA, in a file and a hashed folder named by SSL_CERT_FILE / SSL_CERT_DIR
+    # (pycurl: read by the transport through ssl.get_default_verify_paths; pyreqwest: a child process, below).
     import trustme
 
     system_ca = trustme.CA()
     system_dir = hashed_folder(folder / f"system-{kind}", system_ca.cert_pem.bytes())
+    system_file = str(Path(system_dir) / "ca.pem")
 
     def add(feature: str, yes: bool, how: str) -> None:
         lines.append((feature, yes, how))
-        print(f"  {kind:10s} {feature:34s} {'yes' if yes else 'NO '}  {how}", flush=True)
+        print(f"  {kind:10s} {feature:38s} {'yes' if yes else 'NO '}  {how}", flush=True)
 
     # --- TLS: system store + extra CA file, verification failures told apart
     if kind == "pycurl":
         import pycurl
 
-        bare = PycurlEndpoints(ca_file=None, system_dir=None)
-        # Without CAINFO/CAPATH the wheel's libcurl looks for its build system's bundle.
-        default = await bare.send(servers.url("tls"))
-        await bare.close()
-        paths = ssl.get_default_verify_paths()
-        sysonly = PycurlEndpoints(ca_file=paths.cafile, system_dir=paths.capath)
-        refused_by_system = await sysonly.send(servers.url("tls"))
-        await sysonly.close()
-        both = PycurlEndpoints(ca_file=ca_file, system_dir=system_dir)
-        extra_ok = await both.send(servers.url("tls"))
-        # The system stand-in's CA signs a server too: a CA of either source is trusted, in one client.
-        system_server = await _system_signed(servers, system_ca, both)
-        add("TLS: system store + tls_ca_file", extra_ok.status == 200 and system_server == 200
+        # The real system store (as this machine has it) and no tls_ca_file: the test CA is refused.
+        alone = PycurlEndpoints(ca_file=None, system_dir=None)
+        refused_by_system = await alone.send(servers.url("tls"))
+        await alone.close()
+        real = ssl.get_default_verify_paths().cafile
+        answers: dict[str, tuple[int | str | None, int | str | None]] = {}
+        async with _served_by(system_ca) as system_url:
+            for form, store in (("SSL_CERT_FILE", system_store(file=system_file)),
+                                ("SSL_CERT_DIR", system_store(folder=system_dir)),
+                                ("SSL_CERT_FILE=real + SSL_CERT_DIR", system_store(file=real, folder=system_dir))):
+                with store:
+                    client = PycurlEndpoints(ca_file=ca_file, system_dir=None)
+                extra_answer, system_answer = await client.send(servers.url("tls")), await client.send(system_url)
+                answers[form] = (extra_answer.status or extra_answer.error, system_answer.status or system_answer.error)
+                await client.close()
+        add("TLS: system store + tls_ca_file", answers["SSL_CERT_FILE"] == answers["SSL_CERT_DIR"] == (200, 200)
             and refused_by_system.error == "certificate",
-            f"CAINFO=tls_ca_file + CAPATH=system folder (hashed): extra CA's server {extra_ok.status}, system CA's "
-            f"server {system_server}; the real system store alone refuses the test CA ({refused_by_system.error}). "
-            f"Nothing set: {default.error}; the wheel's libcurl ({pycurl.version.split()[1]}) has "
-            f"/etc/pki/tls/certs/ca-bundle.crt built in (exists here: {os.path.exists(WHEEL_BUNDLE)}): the layer "
-            f"sets CAINFO/CAPATH from ssl.get_default_verify_paths()")
+            f"CurlTransport(tls_ca_file=...) with the system store named by SSL_CERT_FILE (a file): the extra CA's "
+            f"server / the system CA's {answers['SSL_CERT_FILE']}; by SSL_CERT_DIR (a hashed folder): "
+            f"{answers['SSL_CERT_DIR']}; the real system store alone refuses the test CA ({refused_by_system.error}). "
+            f"Both set, the real file and the folder: {answers['SSL_CERT_FILE=real + SSL_CERT_DIR']} (with "
+            f"tls_ca_file the transport bundles the file with it and sets no CAPATH). The wheel's libcurl "
+            f"({pycurl.version.split()[1]}) has {WHEEL_BUNDLE} built in (exists here: "
+            f"{os.path.exists(WHEEL_BUNDLE)}): the transport sets CAINFO/CAPATH from ssl.get_default_verify_paths()")
+        both = PycurlEndpoints(ca_file=ca_file, system_dir=system_dir)
     else:
         extra = PyreqwestEndpoints(ca_file=ca_file, system_dir=None)
         extra_ok = await extra.send(servers.url("tls"))
@@ -508,15 +550,32 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
         f"429, Retry-After {retry.retry_after!r}, answer {retry.answer!r}")
 
     # --- bounded read of a huge answer
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    seen.big_written = 0
-    huge = await both.send(servers.url("big", "/big"))
-    await asyncio.sleep(0.3)
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
-    add("at most 1 KB of a 1 GB answer", huge.status == 200 and len(huge.answer) <= 1024
-        and seen.big_written < BIG // 10,
-        f"kept {len(huge.answer)} B in {huge.seconds:.2f} s; the server wrote {seen.big_written / 1e6:.1f} MB "
-        f"of 1,074 before the client closed; peak RSS +{grown / 1024:.0f} MB")
+    if kind == "pycurl":
+        from prefect_webhooks.delivery.transport import READ_LIMIT
+
+        # Delivery's limit (READ_LIMIT, the transport's default) and a 1 KB one (limit=).
+        reads = [(both, READ_LIMIT), (PycurlEndpoints(ca_file=ca_file, system_dir=system_dir, limit=1024), 1024)]
+    else:
+        reads = [(both, 1024)]
+    bounded, told = True, []
+    for client, limit in reads:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        seen.big_written = 0
+        huge = await client.send(servers.url("big", "/big"))
+        await asyncio.sleep(0.3)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
+        # libcurl hands the answer over in pieces of up to CURL_MAX_WRITE_SIZE (16 KiB): the transport stops at the
+        # piece that passes its limit, and keeps it whole.
+        bounded &= (huge.status == 200 and len(huge.answer) <= limit + (16384 if kind == "pycurl" else 0)
+                    and seen.big_written < BIG // 10)
+        told.append(f"limit {limit:,} B: status {huge.status}, kept {len(huge.answer):,} B in {huge.seconds:.2f} s; "
+                    f"the server wrote {seen.big_written / 1e6:.1f} MB of 1,074 before the client closed; peak RSS "
+                    f"+{grown / 1024:.0f} MB")
+        if client is not both:
+            await client.close()
+    add("a bounded read of a 1 GB answer", bounded,
+        ("CurlTransport.request(limit=...), READ_LIMIT by default: the write callback stops the transfer; "
+         if kind == "pycurl" else "build_streamed + body_reader.read(1024): ") + "; ".join(told))
     await both.close()
 
     # --- client certificate per endpoint, PEM text, key under a password
@@ -529,21 +588,59 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
     without = await mtls.send(servers.url("mtls"))
     got = seen.requests[before:]
     names = [request["client"] for request in got]
-    add("client certificate per endpoint", [r.status for r in results] == [200] * 3 and names ==
+    more, also = True, ""
+    if kind == "pycurl":
+        # An endpoint's own ca_bundle, on a transport without tls_ca_file.
+        chain, key = servers.client_pems("client-a")
+        own = PycurlEndpoints(ca_file=None, system_dir=system_dir)
+        own.certificate("own-ca", chain, key, KEY_PASSWORD, ca_bundle=servers.ca.cert_pem.bytes())
+        with_bundle = await own.send(servers.url("mtls"), endpoint="own-ca")
+        not_trusted = await own.send(servers.url("tls"))
+        await own.close()
+        more = with_bundle.status == 200 and not_trusted.error == "certificate"
+        also = (f"; ClientTls.ca_bundle on a transport without tls_ca_file: {with_bundle.status} (the same server "
+                f"without it: {not_trusted.error})")
+    how = "ClientTls(password=): KEYPASSWD" if kind == "pycurl" else "decrypted with cryptography first"
+    add("client certificate per endpoint", more and [r.status for r in results] == [200] * 3 and names ==
         ["client-a", "client-b", "client-a"] and without.status is None and len(got) == 3,
-        f"PEM text, key encrypted ({'KEYPASSWD' if kind == 'pycurl' else 'decrypted with cryptography first'}): "
-        f"server saw {names} on connections {[request['connection'] for request in got]}; no certificate on the "
-        f"same host: {without.error} ({without.detail[:80]})")
+        f"PEM text, key encrypted ({how}): server saw {names} on connections "
+        f"{[request['connection'] for request in got]}; no certificate on the same host: {without.error} "
+        f"({without.detail[:80]})" + also)
+    if kind == "pycurl":
+        # The sender fails a request as permanent when the endpoint's own certificate or key cannot be used
+        # (TransportError.client_certificate_unusable): a retry would fail alike.
+        chain, key = servers.client_pems("client-a")
+        _, other_key = servers.client_pems("client-b")
+        unusable = {"a wrong key password": (chain, key, b"not-the-password"),
+                    "the key of another certificate": (chain, other_key, KEY_PASSWORD),
+                    "a certificate that is not PEM": (b"not a certificate", key, KEY_PASSWORD)}
+        errors = {}
+        for case, (case_chain, case_key, password) in unusable.items():
+            mtls.certificate(case, case_chain, case_key, password)
+            outcome = await mtls.send(servers.url("mtls"), endpoint=case)
+            errors[case] = f"{outcome.error} ({outcome.detail[:75]})"
+        add("unusable client certificate told apart", all(e.startswith("client-certificate") for e in errors.values()),
+            "client_certificate_unusable (E_SSL_CERTPROBLEM): " + "; ".join(f"{case} -> {error}"
+                                                                           for case, error in errors.items()))
     await mtls.close()
 
     # --- connect and total timeouts
     timing = make(ca_file=ca_file, system_dir=system_dir, connect_timeout=0.5, timeout=1.0)
     hang = await timing.send(f"http://127.0.0.1:{servers.ports['hang']}/x")
     slow = await timing.send(servers.url("tls", "/slow"))
-    add("connect + total timeouts, told apart", hang.error == "connect-timeout" and slow.error == "timeout"
-        and 0.4 < hang.seconds < 0.9 and 0.9 < slow.seconds < 1.5,
-        f"connect 0.5 s: {hang.error} after {hang.seconds:.2f} s; total 1 s: {slow.error} after {slow.seconds:.2f} s "
-        f"({slow.detail[:120]})")
+    if kind == "pycurl":
+        # Delivery's contract: one timeout over the whole request, connecting included (the old aiohttp sender's
+        # ClientTimeout(total=) too); both end as TransportError.timed_out.
+        add("timeouts (whole request)", hang.error == slow.error == "timeout" and 0.9 < hang.seconds < 1.5
+            and 0.9 < slow.seconds < 1.5,
+            f"timeout 1 s, connecting included: a connect that hangs -> {hang.error} after {hang.seconds:.2f} s; a "
+            f"slow answer -> {slow.error} after {slow.seconds:.2f} s ({slow.detail[:100]}); no connect timeout of "
+            "its own, and TransportError does not say whether a connection was made")
+    else:
+        add("connect + total timeouts, told apart", hang.error == "connect-timeout" and slow.error == "timeout"
+            and 0.4 < hang.seconds < 0.9 and 0.9 < slow.seconds < 1.5,
+            f"connect 0.5 s: {hang.error} after {hang.seconds:.2f} s; total 1 s: {slow.error} after "
+            f"{slow.seconds:.2f} s ({slow.detail[:120]})")
     await timing.close()
 
     # --- keep-alive under a per-endpoint concurrency limit
@@ -575,8 +672,8 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
     await open_client.close()
     add("private-network guard at connect", all(o.error == "refused-by-guard" for o in (by_name, literal, rebound))
         and reached == 0 and allowed.status == 200,
-        ("OPENSOCKETFUNCTION sees the address about to be connected (after resolution, CURLOPT_RESOLVE pins "
-         "included) and returns SOCKET_BAD" if kind == "pycurl" else
+        ("block_private_networks: OPENSOCKETFUNCTION sees the address about to be connected (after resolution, "
+         "CURLOPT_RESOLVE pins included), refuses it, TransportError.blocked names it" if kind == "pycurl" else
          "no resolver hook: resolve in Python, check, pin the endpoint's client to the checked addresses "
          "(ClientBuilder.resolve); re-resolving means a new client") +
         f": localhost, 127.0.0.1 and public.example->127.0.0.1 refused ({by_name.detail[:70]!r}), the server got "
@@ -585,8 +682,9 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
     return lines
 
 
-async def _system_signed(servers: Servers, system_ca: Any, client: PycurlEndpoints) -> int | None:
-    """A server whose certificate the system stand-in's CA issued, reached with ``client``."""
+@contextlib.asynccontextmanager
+async def _served_by(ca: Any) -> AsyncIterator[str]:
+    """The URL of a server on loopback whose certificate ``ca`` issued."""
     from aiohttp import web
 
     async def ok(request: web.Request) -> web.Response:
@@ -596,13 +694,13 @@ async def _system_signed(servers: Servers, system_ca: Any, client: PycurlEndpoin
     app.router.add_route("*", "/echo", ok)
     runner = web.AppRunner(app, access_log=None)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    system_ca.issue_cert("localhost", "127.0.0.1").configure_cert(context)
+    ca.issue_cert("localhost", "127.0.0.1").configure_cert(context)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        return (await client.send(f"https://localhost:{port}/echo")).status
+        yield f"https://localhost:{port}/echo"
     finally:
         await runner.cleanup()
 

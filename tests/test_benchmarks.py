@@ -48,7 +48,7 @@ TINY_RUNS = {
                                  r"packed ahead \(this release\) +transaction +[\d.]+ ms(.|\n)*"
                                  r"packed inside \(reference\) +transaction +[\d.]+ ms(.|\n)*write lock held: [\d.]+x"),
     "bench_request_path": (["--quick"], r"aiohttp-session +uvloop +\| +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +1\.00\n(.|\n)*"
-                                        r"pycurl-multi +uvloop +\| +\d+ +[\d.]+(.|\n)*"
+                                        r"pycurl-transport +uvloop +\| +\d+ +[\d.]+(.|\n)*"
                                         r"pyreqwest-streamed +uvloop +\| +\d+ +[\d.]+(.|\n)*CPU reference"),
     "request_path_features": ([], r"feature matrix: 2 clients checked; missing: none"),
     "bench_write_gate": (["--seconds", "0.5", "--cases", "1"],

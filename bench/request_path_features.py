@@ -500,7 +500,7 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
             f"server / the system CA's {answers['SSL_CERT_FILE']}; by SSL_CERT_DIR (a hashed folder): "
             f"{answers['SSL_CERT_DIR']}; the real system store alone refuses the test CA ({refused_by_system.error}). "
             f"Both set, the real file and the folder: {answers['SSL_CERT_FILE=real + SSL_CERT_DIR']} (with "
-            f"tls_ca_file the transport bundles the file with it and sets no CAPATH). The wheel's libcurl "
+            f"tls_ca_file the transport bundles the file with it and keeps the folder as CAPATH). The wheel's libcurl "
             f"({pycurl.version.split()[1]}) has {WHEEL_BUNDLE} built in (exists here: "
             f"{os.path.exists(WHEEL_BUNDLE)}): the transport sets CAINFO/CAPATH from ssl.get_default_verify_paths()")
         both = PycurlEndpoints(ca_file=ca_file, system_dir=system_dir)
@@ -620,7 +620,7 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
             outcome = await mtls.send(servers.url("mtls"), endpoint=case)
             errors[case] = f"{outcome.error} ({outcome.detail[:75]})"
         add("unusable client certificate told apart", all(e.startswith("client-certificate") for e in errors.values()),
-            "client_certificate_unusable (E_SSL_CERTPROBLEM): " + "; ".join(f"{case} -> {error}"
+            "client_certificate_unusable (E_SSL_CERTPROBLEM, or E_BAD_FUNCTION_ARGUMENT with a ClientTls): " + "; ".join(f"{case} -> {error}"
                                                                            for case, error in errors.items()))
     await mtls.close()
 

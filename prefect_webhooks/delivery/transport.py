@@ -64,11 +64,13 @@ class TransportError(Exception):
     """A request that got no HTTP answer: ``code`` is libcurl's error number (``pycurl.E_*``), ``detail`` its
     message, ``blocked`` the address the private-network guard refused, if that is why."""
 
-    def __init__(self, code: int, detail: str, blocked: str | None = None) -> None:
+    def __init__(self, code: int, detail: str, blocked: str | None = None, *, with_certificate: bool = False) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
         self.blocked = blocked
+        self.with_certificate = with_certificate
+        """Whether the request presented a client certificate (``ClientTls``)."""
 
     @property
     def timed_out(self) -> bool:
@@ -81,8 +83,10 @@ class TransportError(Exception):
 
     @property
     def client_certificate_unusable(self) -> bool:
-        """The endpoint's own certificate or key could not be used (wrong password, key not matching)."""
-        return self.code == pycurl.E_SSL_CERTPROBLEM
+        """The endpoint's own certificate or key could not be used (not PEM, wrong password, key not matching:
+        libcurl says the last two while setting the key up, as a bad option)."""
+        return self.code == pycurl.E_SSL_CERTPROBLEM or (
+            self.with_certificate and self.code == pycurl.E_BAD_FUNCTION_ARGUMENT)
 
     @property
     def in_handshake(self) -> bool:
@@ -123,10 +127,8 @@ def system_ca_file(extra: str | None = None) -> tuple[str | None, str | None]:
     if cafile:
         with open(cafile, "rb") as trusted:
             system = trusted.read()
-    elif capath:
-        # A folder only: its certificates are still trusted through CAPATH.
-        return _bundle(authorities), capath
-    return _bundle(system + b"\n" + authorities), None
+    # The system's folder stays trusted beside the file (a CA may be in SSL_CERT_DIR only), as Python's ssl does.
+    return _bundle(system + b"\n" + authorities), capath
 
 
 def _bundle(pem: bytes) -> str:
@@ -212,9 +214,10 @@ class CurlTransport:
         if failure is not None and failure[0] != pycurl.E_WRITE_ERROR:
             self._give_back(handle, tls)
             code, detail = failure
-            raise TransportError(code, detail, handle.blocked)
-        # E_WRITE_ERROR: the answer passed ``limit`` and reading stopped there; its status stands.
-        answer = Answer(handle.getinfo(pycurl.RESPONSE_CODE), bytes(handle.answer), bytes(handle.head))
+            raise TransportError(code, detail, handle.blocked, with_certificate=tls is not None)
+        # E_WRITE_ERROR: the answer passed ``limit`` and reading stopped there (within the piece that crossed it,
+        # which is cut); its status stands.
+        answer = Answer(handle.getinfo(pycurl.RESPONSE_CODE), bytes(handle.answer[:limit]), bytes(handle.head))
         self._give_back(handle, tls)
         return answer
 

@@ -620,8 +620,8 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
             outcome = await mtls.send(servers.url("mtls"), endpoint=case)
             errors[case] = f"{outcome.error} ({outcome.detail[:75]})"
         add("unusable client certificate told apart", all(e.startswith("client-certificate") for e in errors.values()),
-            "client_certificate_unusable (E_SSL_CERTPROBLEM, or E_BAD_FUNCTION_ARGUMENT with a ClientTls): " + "; ".join(f"{case} -> {error}"
-                                                                           for case, error in errors.items()))
+            "client_certificate_unusable (E_SSL_CERTPROBLEM, or E_BAD_FUNCTION_ARGUMENT with a ClientTls): "
+            + "; ".join(f"{case} -> {error}" for case, error in errors.items()))
     await mtls.close()
 
     # --- connect and total timeouts

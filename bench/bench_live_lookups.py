@@ -9,7 +9,8 @@ What a person meets when a customer asks about a message: ``prefect-webhooks ser
 its console, one request after the other, ``--probes`` of each kind: a message by messageId, a user's newest 50, a
 destination's newest 50 over an hour, failed messages by reason, a reason no message has (the search reads its bound
 of 1,000), one message with its attempts; the console's overview, a destination's page (its 24-hour chart from
-per-minute counters, which the run adds for the history's destinations, and top reasons) and its messages list. Each
+per-minute counters, which the run adds for the history's destinations, and top reasons), its messages list and a
+message's page (its attempts and the request as it is sent now, from the destination's block). Each
 figure is the whole HTTP request: first, p50, p99 and max, beside the targets the issues name (50 ms for a lookup by
 messageId, by user or by destination and time; 200 ms for every other list, detail and page). The probes run twice
 in the same run: on the idle ``serve`` just started (its first answers are a new process's, the store's pages not
@@ -97,6 +98,7 @@ def probe_requests(url: str, count: int) -> dict[str, list[str]]:
             f"/console/destinations/{rng.choice(DESTINATIONS)}" for _ in range(count)],
         "console: messages of a destination, newest 50": [
             f"/console/messages?destination={rng.choice(DESTINATIONS)}" for _ in range(count)],
+        "console: one message (attempts, the request as sent now)": [f"/console/messages/{m.id}" for m in sample],
     }
 
 

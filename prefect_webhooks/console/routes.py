@@ -113,15 +113,15 @@ def add_console_routes(app: FastAPI, engine: Engine) -> None:
     app.add_api_route(f"{PREFIX}/sign-in", sign_in, methods=["GET", "POST"], include_in_schema=False)
     route("/sign-out", sign_out, ("POST",))
     route("", lambda request, session: _overview(engine, session))
-    # The destination page reads its block as delivery does: kept for the block cache's seconds, read again at once
-    # after a change the store counts (an endpoint enabled or disabled here or by the command line).
+    # The destination and message pages read their block as delivery does: kept for the block cache's seconds, read
+    # again at once after a change the store counts (an endpoint enabled or disabled here or by the command line).
     blocks = _destination_blocks()
     route("/destinations/{name}", lambda request, session: _destination(engine, blocks, request, session))
     route("/destinations/{name}/replay", lambda request, session: _replay(engine, request, session),
           ("GET", "POST"))
     route("/destinations/{name}/endpoints/{position:int}/{action}", _endpoint_action, ("GET", "POST"))
     route("/messages", lambda request, session: _messages(engine, request, session))
-    route("/messages/{number:int}", lambda request, session: _message(engine, request, session))
+    route("/messages/{number:int}", lambda request, session: _message(engine, blocks, request, session))
     route("/messages/{number:int}/resend", lambda request, session: _resend(engine, request, session),
           ("GET", "POST"))
 
@@ -245,21 +245,27 @@ async def _messages(engine: Engine, request: Request, session: str) -> Response:
     return _html(pages.messages_page(shown, found["data"], found["next_cursor"], None, csrf_token(session)))
 
 
-async def _message(engine: Engine, request: Request, session: str) -> Response:
-    from prefect_webhooks.blocks.destination import WebhookDestination
-    from prefect_webhooks.blocks.saved import load_block
+async def _message(engine: Engine, blocks: Any, request: Request, session: str) -> Response:
     from prefect_webhooks.delivery.preview import stored_message_requests
     from prefect_webhooks.inbound.admin_api import one_message
+    from prefect_webhooks.store.destination_changes import destination_generations
     from prefect_webhooks.store.engines import store_key
     from prefect_webhooks.store.lookups import message_document
 
     number = request.path_params["number"]
-    message = await run_in_threadpool(one_message, engine, number)
+
+    def read() -> tuple[Any, int | None, str]:
+        message = one_message(engine, number)
+        if message is None:
+            return None, None, ""
+        generations = destination_generations(engine, [message.destination])
+        return message, generations.get(message.destination), store_key(engine)
+
+    message, generation, key = await run_in_threadpool(read)
     if message is None:
         raise ConsoleRefusal(404, f"No message {number} is queued or kept.")
     try:
-        block = await load_block(WebhookDestination, message.destination) if message.body is not None else None
-        key = await run_in_threadpool(store_key, engine)
+        block = await blocks.get(message.destination, generation) if message.body is not None else None
         requests = stored_message_requests(block, message.body, message.id, key, message.endpoint)
     except Exception as exc:  # the attempts are worth showing without the block
         requests = [f"(the destination block {message.destination!r} could not be loaded: {type(exc).__name__})"]

@@ -115,6 +115,27 @@ def test_sessions_forms_and_actions(prefect_harness: None, store_url: str) -> No
     assert TOKEN not in output
 
 
+def test_a_message_page_keeps_its_block_as_the_destination_page_does(prefect_harness: None, store_url: str) -> None:
+    """The request a message makes now comes from the destination block as delivery holds it: an edit saved elsewhere
+    (the Prefect UI, a script) shows once the copy ages out, not at the next view; a change the store counts (an
+    endpoint disabled here) at once."""
+    WebhookDestination(endpoints=[{"url": "http://127.0.0.1:9/first"}]).save("console-kept", overwrite=True)
+    enqueue("console-kept", [{"type": "track", "userId": "u1", "event": "E"}])
+    with ingest_api_process(store_url, prefect_api_url=PREFECT_API_URL.value(),
+                            env={"PREFECT_WEBHOOKS_ADMIN_TOKEN": TOKEN,
+                                 "PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS": "600"}) as server:
+        client = signed_in(server.url)
+        page = "/console/messages/1"
+        assert "POST http://127.0.0.1:9/first" in client.get(page).text
+        WebhookDestination(endpoints=[{"url": "http://127.0.0.1:9/second"}]).save("console-kept", overwrite=True)
+        kept = client.get(page).text
+        assert "POST http://127.0.0.1:9/first" in kept and "/second" not in kept
+        endpoint = "/console/destinations/console-kept/endpoints/1/disable"
+        disabled = client.post(endpoint, data={"csrf": form_token(client, endpoint)})
+        assert "Endpoint 1 disabled." in client.get(disabled.headers["location"]).text
+        assert "POST http://127.0.0.1:9/second" in client.get(page).text
+
+
 @pytest.mark.parametrize("path", ["/console", "/console/messages", "/console/messages/1"])
 def test_console_pages_are_not_in_the_api_document(path: str, store_url: str) -> None:
     from prefect_webhooks.serving.service import create_service_app

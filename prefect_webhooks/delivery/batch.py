@@ -1,7 +1,8 @@
 """One try of a claimed batch: resolve destinations, drop filtered messages, send, decide, record, emit events.
 
-While the batch sends, and until its outcomes are recorded, its leases are renewed, so no other run claims and sends
-the same messages meanwhile.
+What has finished is decided and recorded in waves while the batch's other requests are still out (``waves``): a
+slow answer holds up no other message's outcome. While the batch sends, and until the outcomes of its rows are
+recorded, their leases are renewed, so no other run claims and sends the same messages meanwhile.
 """
 
 from __future__ import annotations
@@ -11,28 +12,26 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
-from prefect_webhooks.delivery.batching import hold_for_batch_wait, retry_together, send_batched, take_batched
+from prefect_webhooks.delivery.batching import hold_for_batch_wait, send_batched, take_batched
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
-from prefect_webhooks.delivery.controls import after_sending, before_sending
-from prefect_webhooks.delivery.decision import BatchWrites, decide
+from prefect_webhooks.delivery.controls import before_sending
+from prefect_webhooks.delivery.decision import BatchWrites
 from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
-from prefect_webhooks.delivery.events import emit_delivery_failed
 from prefect_webhooks.delivery.fan_out import bind_to_endpoints
 from prefect_webhooks.delivery.filters import split_filtered
 from prefect_webhooks.delivery.ordering import take_in_order
-from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats, MessageCounts
+from prefect_webhooks.delivery.waves import Waves
 from prefect_webhooks.messages.outcomes import Filtered, Rescheduled
-from prefect_webhooks.messages.retry import JITTER, deadline_of
+from prefect_webhooks.messages.retry import deadline_of
 from prefect_webhooks.signing.headers import message_key_prefix
 from prefect_webhooks.store.engines import store_key
 from prefect_webhooks.store.outbox import (
     Claimed,
     extend_leases,
     leased_rows,
-    record_outcomes,
     release_leases,
     renew_leases,
 )
@@ -100,16 +99,6 @@ def _drop_filtered(
     return send
 
 
-def _log_timeouts(results_by_row: Sequence[Sequence[RequestResult]], log: Any) -> None:
-    timeouts: dict[str, int] = {}
-    for results in results_by_row:
-        for result in results:
-            if result.error and result.error.startswith("timeout"):
-                timeouts[result.url] = timeouts.get(result.url, 0) + 1
-    for url, count in timeouts.items():
-        log.error("%d request(s) to %s timed out; they will be retried", count, display_url(url))
-
-
 async def process_batch(
     batch: ClaimedBatch,
     context: DeliveryContext,
@@ -140,16 +129,16 @@ async def process_batch(
     now = store_now()
     writes = BatchWrites()
     writes.records.owner = context.owner
-    due = []
+    due, not_due = [], []
     for row in rows:
         if row.next_attempt_at > now:
+            not_due.append(row.id)
             continue
         if row.first_attempt_at is not None and now >= deadline_of(row.first_attempt_at, settings):
             writes.fail(row, f"expired: {row.reason or 'not delivered'} (after {row.attempts} attempts)",
                         row.attempts, row.first_attempt_at)
         else:
             due.append(row)
-    not_due = [row.id for row in rows if row.next_attempt_at > now]
     if not_due:
         # A Retry-After longer than the task's wait: the outbox delivers these when they are due.
         await store_call(settings, release_leases, engine, not_due, context.owner)
@@ -164,34 +153,23 @@ async def process_batch(
     # DELETE commits).
     keeper = asyncio.ensure_future(_keep_leases(context, mine))
     try:
-        sent = await _send_and_record(batch, ready, deferred, mine, writes, context, now, hold_seconds)
+        waves = await _send_and_record(batch, ready, deferred, mine, writes, context, now, hold_seconds, log)
     finally:
         keeper.cancel()
         context.give_up_rows(mine, mine)
-    context.retry_wakeups.note(entry.next_attempt_at for entry in writes.records.rescheduled
-                               if entry.lease_owner is None)
-    if sent.unsent:
-        await store_call(settings, release_leases, engine, sent.unsent, context.owner)
-    await after_sending(sent.pairs, sent.results, context)
-    _log_timeouts(sent.results[:sent.alone], log)
-    for row, reason, attempts in writes.failures:
-        emit_delivery_failed(row.id, row.destination, reason, attempts)
-    records = writes.records
-    result = BatchResult(delivered=len(records.delivered), failed=len(records.failed),
-                         rescheduled=len(records.rescheduled) - len(writes.held), filtered=len(records.filtered),
-                         held=writes.held)
+        _waiting(batch, context)
+    counts = waves.counts
+    result = BatchResult(delivered=counts.delivered, failed=counts.failed, rescheduled=counts.rescheduled,
+                         filtered=counts.filtered, held=waves.held)
     context.stats.add(result)
     return result
 
 
-class _Sent(NamedTuple):
-    """What a batch sent and recorded."""
-
-    pairs: list[tuple[Claimed, ResolvedDestination]]
-    results: list[Sequence[RequestResult]]
-    """Each pair's requests; the first ``alone`` pairs were sent one message per request."""
-    alone: int
-    unsent: list[int]
+def _waiting(batch: ClaimedBatch, context: DeliveryContext) -> None:
+    """The batch only waits for answers now: the claim loop no longer counts it against ``parallel_batches``."""
+    if not batch.waiting:
+        batch.waiting = True
+        context.wake_claims()
 
 
 async def _send_and_record(
@@ -203,8 +181,10 @@ async def _send_and_record(
     context: DeliveryContext,
     now: datetime,
     hold_seconds: float | None,
-) -> _Sent:
-    """The batch past its fence: bind, filter, send, decide, record; ``mine`` grows with the rows it takes on."""
+    log: Any,
+) -> Waves:
+    """The batch past its fence: bind, filter, send, and record what has finished in waves (``waves``) as it
+    finishes; ``mine`` grows with the rows it takes on and loses those recorded."""
     settings, engine = context.settings, context.engine
     ready, copies = await bind_to_endpoints(ready, context, writes)
     context.take_rows((row.id for row in copies), mine)
@@ -222,55 +202,24 @@ async def _send_and_record(
     ready, batched = take_batched(ready)
     ready, in_turn = await take_in_order(ready, slots, context,
                                          lambda added: _drop_filtered(added, writes, context.stats), mine)
-    results_by_row, batched_results = await asyncio.gather(
-        context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
-                                slots.times_of(ready), in_turn,
-                                [row.first_attempt_at and deadline_of(row.first_attempt_at, settings)
-                                 for row, _ in ready]),
-        send_batched(context, batched, prefix, writes, slots))
-    unsent = _decide_all(ready, batched, results_by_row, batched_results, deferred, writes, context,
-                         now=now, hold_seconds=hold_seconds)
-    await store_call(settings, record_outcomes, engine, writes.records)
-    return _Sent([*ready, *batched], [*results_by_row, *batched_results], len(ready), unsent)
-
-
-def _decide_all(
-    ready: list[tuple[Claimed, ResolvedDestination]],
-    batched: list[tuple[Claimed, ResolvedDestination]],
-    results_by_row: Sequence[Sequence[RequestResult]],
-    batched_results: Sequence[Sequence[RequestResult]],
-    deferred: list[Claimed],
-    writes: BatchWrites,
-    context: DeliveryContext,
-    *,
-    now: datetime,
-    hold_seconds: float | None,
-) -> list[int]:
-    """Decide each sent row's outcome into ``writes``; returns the ids left unsent (behind a retry of their user)."""
-    settings = context.settings
-    finished = store_now()
-    hold_until = None
-    if hold_seconds is not None:
-        hold_until = finished + timedelta(seconds=hold_seconds * (1 + JITTER) + settings.delivery.lease_seconds)
-    unsent = []
-    for (row, destination), results in zip((*ready, *batched), (*results_by_row, *batched_results), strict=True):
-        # Not sent: behind a message of its user that is to be retried (``ordering.take_in_order``), or its deadline
-        # came before its turn (its next claim records it expired).
-        if not results:
-            unsent.append(row.id)
-            continue
-        # An ordered destination's retry is never held for the task's next try (which waits for the window to
-        # close, up to task_run_seconds): it is due at its backoff time and the claim loop sends it then, since the
-        # user's later messages wait behind it.
-        decide(row, results, writes, now=finished, hold_until=None if destination.ordered else hold_until,
-               owner=context.owner, settings=settings, sent_at=now)
-        if destination.batching is None:  # a batch's requests were counted as they were sent
-            writes.count_requests(context.stats, destination.name, results)
-    retry_together(writes.records.rescheduled, batched)
-    for row in deferred:
-        writes.records.rescheduled.append(Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason,
-                                                      finished + timedelta(seconds=settings.delivery.retry_base_delay)))
-    return unsent
+    # Rows whose destination block could not be loaded are tried again later.
+    retry_at = store_now() + timedelta(seconds=settings.delivery.retry_base_delay)
+    writes.records.rescheduled += [Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason, retry_at)
+                                   for row in deferred]
+    waves = Waves([*ready, *batched], len(ready), writes, mine, context, sent_at=now, hold_seconds=hold_seconds,
+                  log=log, on_started=lambda: _waiting(batch, context))
+    try:
+        await asyncio.gather(
+            context.sender.send_all([(destination, row.body, f"{prefix}{row.id}") for row, destination in ready],
+                                    slots.times_of(ready), in_turn,
+                                    [row.first_attempt_at and deadline_of(row.first_attempt_at, settings)
+                                     for row, _ in ready], progress=waves),
+            send_batched(context, batched, prefix, writes, slots, finished=waves.batched_finished))
+    except BaseException:
+        waves.stop()
+        raise
+    await waves.close()
+    return waves
 
 
 async def _still_held(

@@ -79,12 +79,29 @@ async def hold_for_batch_wait(
 
 
 async def send_batched(
-    context: DeliveryContext, pairs: list[Pair], key_prefix: str, writes: BatchWrites, slots: Slots | None = None
+    context: DeliveryContext,
+    pairs: list[Pair],
+    key_prefix: str,
+    writes: BatchWrites,
+    slots: Slots | None = None,
+    finished: Callable[[int, list[RequestResult]], None] | None = None,
 ) -> list[list[RequestResult]]:
     """Send the messages of batching destinations; each message's results (one per endpoint), in ``pairs`` order.
 
     The messages that took rate budget (``slots``) go as the requests they took it for, each at its slot.
+    ``finished`` hears of a destination's messages (index in ``pairs``, results) once all its requests are answered:
+    together, so they are decided together and their batch is retried whole (``retry_together``).
     """
+    index_of = {row.id: index for index, (row, _) in enumerate(pairs)}
+    results: list[list[RequestResult]] = [[] for _ in pairs]
+
+    async def lane(job: Awaitable[Sent], group: list[Pair]) -> None:
+        for outbox_id, result in await job:
+            results[index_of[outbox_id]].append(result)
+        if finished is not None:
+            for row, _ in group:
+                finished(index_of[row.id], results[index_of[row.id]])
+
     jobs = []
     for group in _by_destination(pairs).values():
         destination = group[0][1]
@@ -92,16 +109,14 @@ async def send_batched(
             requests: dict[int, list[Claimed]] = {}
             for row, _ in group:
                 requests.setdefault(slots.request_of[row.id], []).append(row)
-            jobs.append(_paced([
+            jobs.append(lane(_paced([
                 (slots.at[request[0].id], _batches_job(context, destination, request, key_prefix, writes))
-                for request in requests.values()]))
+                for request in requests.values()]), group))
         else:
-            jobs.append(_batches_job(context, destination, [row for row, _ in group], key_prefix, writes)())
-    results: dict[int, list[RequestResult]] = {row.id: [] for row, _ in pairs}
-    for sent in await asyncio.gather(*jobs):
-        for outbox_id, result in sent:
-            results[outbox_id].append(result)
-    return [results[row.id] for row, _ in pairs]
+            jobs.append(lane(_batches_job(context, destination, [row for row, _ in group], key_prefix, writes)(),
+                             group))
+    await asyncio.gather(*jobs)
+    return results
 
 
 Sent = list[tuple[int, RequestResult]]

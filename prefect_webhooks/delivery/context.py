@@ -32,7 +32,7 @@ logger = logging.getLogger("prefect_webhooks.delivery")
 class ClaimedBatch:
     """Rows claimed together; a plain object so Prefect passes it to the task without walking 500 bodies."""
 
-    __slots__ = ("rows", "claimed_at", "lease_seconds")
+    __slots__ = ("rows", "claimed_at", "lease_seconds", "waiting")
 
     def __init__(self, rows: list[Claimed], lease_seconds: float | None = None) -> None:
         self.rows = rows
@@ -40,6 +40,9 @@ class ClaimedBatch:
         """When the batch was made (just after its claim), on the monotonic clock."""
         self.lease_seconds = lease_seconds
         """The lease its claim took, when it was claimed just now; None when not known (re-read rows)."""
+        self.waiting = False
+        """Set once every message of the batch is on its way: the batch only waits for answers (and records them),
+        and the claim loop no longer counts it against ``parallel_batches``."""
 
     def fresh(self, within: float) -> bool:
         """Whether the batch was claimed less than ``within`` seconds ago and a quarter of its lease: its rows are
@@ -83,6 +86,14 @@ class DeliveryContext:
         """When the retries this process scheduled fall due: the claim loop claims them then."""
         self.sending: dict[int, set[int]] = {}
         """Each row a batch of this process holds, from its fence until its outcomes are recorded: that batch's rows."""
+        self.claim_waker: Callable[[], None] | None = None
+        """Set by the running claim loop: wakes it (``wake_claims``)."""
+
+    def wake_claims(self) -> None:
+        """Tell the claim loop that it may claim sooner than it planned: a batch only waits for answers now, or
+        retries of this process were noted (``retry_wakeups``)."""
+        if self.claim_waker is not None:
+            self.claim_waker()
 
     def take_rows(self, ids: Iterable[int], held: set[int]) -> set[int]:
         """Add to ``held``, one batch's rows, those of ``ids`` no other batch of this process holds; returns them.

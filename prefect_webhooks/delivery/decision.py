@@ -36,6 +36,15 @@ class BatchWrites:
         self.held: list[int] = []
         """Rows kept leased for an in-process retry."""
 
+    def take(self) -> BatchWrites:
+        """Everything gathered so far, as writes of their own (a wave of the batch's outcomes, ``waves``); these
+        start again empty, for what comes in while the wave is recorded."""
+        taken = BatchWrites()
+        taken.records, taken.failures, taken.held = self.records, self.failures, self.held
+        self.records = OutcomeRecords(owner=taken.records.owner)
+        self.failures, self.held = [], []
+        return taken
+
     def fail(self, row: Claimed, reason: str, attempts: int, first_attempt_at: datetime | None) -> None:
         """Mark ``row`` failed for good (an event is emitted once the batch is recorded)."""
         self.records.failed.append(Failed(row.id, reason, attempts, first_attempt_at, row.destination))

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import pycurl
@@ -69,6 +69,17 @@ def ends_in_a_retry(results: Sequence[RequestResult]) -> bool:
     """Whether one message's results mean it is to be retried: no endpoint took it and one may yet (``decision``)."""
     return not any(result.outcome == DELIVERED for result in results) and any(
         result.outcome == RETRY for result in results)
+
+
+class SendProgress(Protocol):
+    """What ``Sender.send_all`` tells of a batch's items while it sends them (a batch records its outcomes in waves:
+    ``delivery.waves``)."""
+
+    def finished(self, index: int, results: list[RequestResult]) -> None:
+        """Item ``index``'s results are final: its requests were answered, or it is not sent (no results)."""
+
+    def all_started(self) -> None:
+        """Every item has been taken by a worker, or waits for its rate-limit slot: what is left is waiting."""
 
 
 class Sender:
@@ -197,6 +208,7 @@ class Sender:
         not_before: Sequence[float] | None = None,
         in_turn: Sequence[Sequence[int]] = (),
         not_after: Sequence[datetime | None] | None = None,
+        progress: SendProgress | None = None,
     ) -> list[list[RequestResult]]:
         """Send many ``(destination, body, message id)``; results in the same order.
 
@@ -207,47 +219,58 @@ class Sender:
         items due now: one user's messages of an ordered destination) goes one after another and stops at the first
         that is to be retried; the items after it are not sent and get no results. ``not_after`` gives each item
         its deadline (naive UTC; None: none): an item whose turn comes at or after it is not sent and gets no
-        results, like the items after it in its group.
+        results, like the items after it in its group. ``progress`` hears of each item as soon as its results are
+        final, and of the moment every item is on its way (``SendProgress``).
         """
         results: list[list[RequestResult]] = [[] for _ in items]
+        finished = progress.finished if progress is not None else None
 
         async def send_one(index: int) -> None:
             # Checked at the item's turn, not when its batch was claimed: the store calls and rate-limit slots
             # between the two may take a message that was due before its deadline past it.
             deadline = not_after[index] if not_after is not None else None
-            if deadline is not None and store_now() >= deadline:
-                return
-            destination, body, key = items[index]
-            results[index] = await self.send(destination, body, key)
+            if deadline is None or store_now() < deadline:
+                destination, body, key = items[index]
+                results[index] = await self.send(destination, body, key)
+            if finished is not None:
+                finished(index, results[index])
 
         async def send_in_turn(indexes: Sequence[int]) -> None:
-            for index in indexes:
+            for position, index in enumerate(indexes):
                 await send_one(index)
                 if not results[index] or ends_in_a_retry(results[index]):
+                    if finished is not None:  # the rest of the group is not sent: final too
+                        for rest in indexes[position + 1:]:
+                            finished(rest, results[rest])
                     return
 
         def pool(units: list[Sequence[int]]) -> list[Coroutine[Any, Any, None]]:
-            pending = iter(units)
+            pending = iter(enumerate(units, start=1))
+            last = len(units)
 
             async def worker() -> None:
-                for unit in pending:
+                for taken, unit in pending:
+                    if taken == last and progress is not None:
+                        progress.all_started()
                     await send_in_turn(unit)
 
             return [worker() for _ in range(min(self.settings.delivery.delivery_concurrency, len(units)))]
 
         grouped = {index for group in in_turn for index in group}
         units: list[Sequence[int]] = [*in_turn, *([index] for index in range(len(items)) if index not in grouped)]
-        if not_before is None:
-            workers = pool(units)
-        else:
+        paced: list[Coroutine[Any, Any, None]] = []
+        if not_before is not None:
             now = asyncio.get_running_loop().time()
             chains: dict[tuple[str, str | None], list[int]] = {}
             for unit in units:
                 if not_before[unit[0]] > now:
                     chains.setdefault(items[unit[0]][0].lane, []).append(unit[0])
-            workers = [*pool([unit for unit in units if not_before[unit[0]] <= now]),
-                       *(run_paced([(not_before[i], partial(send_one, i)) for i in chain])
-                         for chain in chains.values())]
+            if chains:
+                units = [unit for unit in units if not_before[unit[0]] <= now]
+                paced = [run_paced([(not_before[i], partial(send_one, i)) for i in chain]) for chain in chains.values()]
+        if not units and progress is not None:
+            progress.all_started()  # each item waits for its rate-limit slot, or there is none
+        workers = [*pool(units), *paced]
         if workers:
             await asyncio.gather(*workers)
         return results

@@ -15,7 +15,7 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery import batch as batch_module
+from prefect_webhooks.delivery import waves as waves_module
 from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch
 from prefect_webhooks.delivery.destinations import DestinationCache
@@ -81,13 +81,13 @@ async def test_a_batch_keeps_its_leases_until_its_outcomes_are_recorded(
     # run's own claim loop claims again meanwhile; delivered rows stay claimable until the record's DELETE commits.
     monkeypatch.setenv("PREFECT_WEBHOOKS_LEASE_SECONDS", "0.3")
     get_settings.cache_clear()
-    real_record = batch_module.record_outcomes
+    real_record = waves_module.record_outcomes
 
     def slow_record(*args: object, **kwargs: object) -> None:
         time.sleep(1.0)
         real_record(*args, **kwargs)
 
-    monkeypatch.setattr(batch_module, "record_outcomes", slow_record)
+    monkeypatch.setattr(waves_module, "record_outcomes", slow_record)
     enqueue("keeper-dest", [track(n) for n in range(20)])
     with Receiver() as receiver:
         async with Sender() as sender:

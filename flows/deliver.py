@@ -130,7 +130,8 @@ async def deliver(
         max_batches: Stop after this many batches.
         run_for_seconds: Keep delivering this long (continuous mode); by default stop when nothing is due.
         until_empty: With ``run_for_seconds``, stop early once nothing is due.
-        parallel_batches: Batches delivered at once.
+        parallel_batches: Batches being prepared or sending at once; a batch whose messages are all on their way
+            only waits for answers and does not count (up to 20 such batches: ``DeliveryOptions``).
         idle_sleep: Continuous mode: seconds between claims unless the last claim was full (a backlog), so each
             batch (one task run) holds what arrived meanwhile.
 

@@ -127,13 +127,17 @@ async def process_batch(
     if not first_try:
         rows = await store_call(settings, leased_rows, engine, batch.ids, context.owner)
     now = store_now()
+    # A claim made just before a retry fell due took rows due by ``due_by``: they go at their due time (``send_at``).
+    due_by = batch.due_by if first_try and batch.due_by is not None else now
     writes = BatchWrites()
     writes.records.owner = context.owner
-    due, not_due = [], []
+    due, not_due, send_at = [], [], None
     for row in rows:
         if row.next_attempt_at > now:
-            not_due.append(row.id)
-            continue
+            if row.next_attempt_at > due_by:
+                not_due.append(row.id)
+                continue
+            send_at = row.next_attempt_at if send_at is None else max(send_at, row.next_attempt_at)
         if row.first_attempt_at is not None and now >= deadline_of(row.first_attempt_at, settings):
             writes.fail(row, f"expired: {row.reason or 'not delivered'} (after {row.attempts} attempts)",
                         row.attempts, row.first_attempt_at)
@@ -153,7 +157,8 @@ async def process_batch(
     # DELETE commits).
     keeper = asyncio.ensure_future(_keep_leases(context, mine))
     try:
-        waves = await _send_and_record(batch, ready, deferred, mine, writes, context, now, hold_seconds, log)
+        waves = await _send_and_record(batch, ready, deferred, mine, writes, context, now, hold_seconds, log,
+                                       send_at)
     finally:
         keeper.cancel()
         context.give_up_rows(mine, mine)
@@ -182,9 +187,10 @@ async def _send_and_record(
     now: datetime,
     hold_seconds: float | None,
     log: Any,
+    send_at: datetime | None,
 ) -> Waves:
-    """The batch past its fence: bind, filter, send, and record what has finished in waves (``waves``) as it
-    finishes; ``mine`` grows with the rows it takes on and loses those recorded."""
+    """The batch past its fence: bind, filter, send (not before ``send_at``), and record what has finished in waves
+    (``waves``) as it finishes; ``mine`` grows with the rows it takes on and loses those recorded."""
     settings, engine = context.settings, context.engine
     ready, copies = await bind_to_endpoints(ready, context, writes)
     context.take_rows((row.id for row in copies), mine)
@@ -206,6 +212,8 @@ async def _send_and_record(
     retry_at = store_now() + timedelta(seconds=settings.delivery.retry_base_delay)
     writes.records.rescheduled += [Rescheduled(row.id, row.attempts, row.first_attempt_at, row.reason, retry_at)
                                    for row in deferred]
+    if send_at is not None:
+        await _not_before(send_at)
     waves = Waves([*ready, *batched], len(ready), writes, mine, context, sent_at=now, hold_seconds=hold_seconds,
                   log=log, on_started=lambda: _waiting(batch, context))
     try:
@@ -257,6 +265,12 @@ async def _still_held(
     if len(taken) == len(ids):
         return ready, deferred
     return [item for item in ready if item[0].id in taken], [row for row in deferred if row.id in taken]
+
+
+async def _not_before(moment: datetime) -> None:
+    """Wait until the store's clock reaches ``moment``: a message claimed just before it fell due goes at its time."""
+    while (wait := (moment - store_now()).total_seconds()) > 0:
+        await asyncio.sleep(wait)
 
 
 async def _keep_leases(context: DeliveryContext, ids: set[int]) -> None:

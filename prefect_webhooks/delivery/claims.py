@@ -1,4 +1,10 @@
-"""The claim loop: claim due messages batch after batch and keep a few batches in flight until done.
+"""The claim loop: claim due messages batch after batch and keep batches in flight until done.
+
+Claiming, sending and recording overlap. A batch is prepared (its store calls before sending), sends, and then only
+waits for its answers, recording what has finished in waves (``waves``). ``parallel_batches`` bounds the batches being
+prepared or sending; a batch that only waits counts against ``waiting_batches`` instead, so slow answers hold up no
+claim. A retry this process scheduled is claimed just before it falls due (``retry_wakeups``), with one batch more
+than both bounds allow.
 
 ``deliver_due`` is what the ``deliver`` flow, the delivery worker and the benchmarks run; ``DeliveryOptions`` says
 which messages, how many at a time and for how long, and whether each batch is a Prefect task run. In a delivery
@@ -12,7 +18,9 @@ import contextlib
 import contextvars
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -22,6 +30,7 @@ from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.delivery.events import wait_for_queued_events
 from prefect_webhooks.delivery.rate_limits import start_ramp
+from prefect_webhooks.delivery.retry_wakeups import LEAD
 from prefect_webhooks.delivery.sender import Sender, display_url
 from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.delivery.task import TaskWindows
@@ -29,6 +38,7 @@ from prefect_webhooks.messages.retry import RetryableDeliveryError
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import bring_forward, claim_due_deliveries
+from prefect_webhooks.store.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 # How long a run outside a delivery worker waits at its end for its events (the first of a process may wait seconds
@@ -47,7 +57,13 @@ class DeliveryOptions:
         run_for_seconds: Keep going this long (continuous mode); None means stop as soon as nothing is due and no
             batch is in flight.
         until_empty: In continuous mode, stop early once nothing is due and no batch is in flight.
-        parallel_batches: Batches in flight at once (they share one HTTP session and its concurrency limit).
+        parallel_batches: Batches in flight at once that are still being prepared or still have messages to send
+            (they share one HTTP session and its concurrency limit). A batch whose every message is on its way only
+            waits for answers, and counts against ``waiting_batches`` instead.
+        waiting_batches: Batches in flight at most besides those ``parallel_batches`` counts, waiting for answers
+            (an endpoint that answers slowly or hangs); one more is claimed for a retry of this process that is due.
+            Bounds what a process holds and claims when answers take long. 20: a hanging endpoint keeps each batch
+            for ``request_timeout`` (5 s), and claims come every ``idle_sleep`` (0.3 s): 17 batches wait at once.
         idle_sleep: Continuous mode: seconds from a claim that was not full (or found nothing) to the next claim.
         prefect_tasks: Run the batches as Prefect task runs (``deliver-batches``, one per ``task_run_seconds``)
             whose retries resend what is left within the run; otherwise one plain try, and retryable messages wait
@@ -60,6 +76,7 @@ class DeliveryOptions:
     run_for_seconds: float | None = None
     until_empty: bool = False
     parallel_batches: int = 2
+    waiting_batches: int = 20
     idle_sleep: float = 0.3
     prefect_tasks: bool = False
 
@@ -137,17 +154,20 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
     windows = TaskWindows(context, holds_retries=not keeps_delivering) if options.prefect_tasks else None
     run_batch = windows.run if windows is not None else process_batch
     shift = current_shift.get()
-    in_flight: set[asyncio.Task[Any]] = set()
+    in_flight: dict[asyncio.Task[Any], ClaimedBatch] = {}
+    # Batches wake the loop when they only wait for answers, and so do retries noted to fall due sooner than planned.
+    wake = asyncio.Event()
+    context.claim_waker = wake.set
     claimed_batches = 0
     next_claim_at = 0.0
-    claimed_at = 0.0
+    seen_until = 0.0  # the last claim took every message due by then (monotonic)
     exhausted = False
     while True:
+        wake.clear()
+        retry_due = False
         if keeps_delivering:
             # A retry this process scheduled is claimed when due, not at the next idle tick.
-            due = context.retry_wakeups.first_after(claimed_at)
-            if due is not None and due < next_claim_at:
-                next_claim_at = due
+            next_claim_at, retry_due = _retries_due(context, next_claim_at, seen_until)
         # In a delivery worker only the worker ends a shift (a handover): a run whose successor cannot start, the
         # Prefect API being down, goes on delivering.
         out_of_time = (shift.handed_over.is_set() if shift is not None
@@ -159,13 +179,18 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
         # going.
         if keeps_delivering:
             await _follow_circuits(context)
-        while (not (out_of_time or out_of_batches) and len(in_flight) < max(parallel_batches, 1)
-               and time.monotonic() >= next_claim_at):
-            claimed_at = time.monotonic()
+        while (not (out_of_time or out_of_batches) and time.monotonic() >= next_claim_at
+               and _may_claim(in_flight.values(), parallel_batches, options.waiting_batches, retry_due)):
+            claimed_at = seen_until = time.monotonic()
+            due_by = None
+            if retry_due:
+                # Made just before the retry falls due; the batch sends it at its due time.
+                context.retry_wakeups.claiming(claimed_at)
+                due_by, seen_until, retry_due = store_now() + timedelta(seconds=LEAD), claimed_at + LEAD, False
             try:
                 rows = await store_call(context.settings, claim_due_deliveries, context.engine, size, context.owner,
                                         options.destination, lease_seconds=context.settings.delivery.lease_seconds,
-                                        in_order=context.shared.may_be_ordered())
+                                        in_order=context.shared.may_be_ordered(), due_by=due_by)
             except Exception as exc:
                 if stop_at is None or not is_store_unavailable(exc):
                     raise
@@ -183,11 +208,14 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
             context.stats.batches += 1
             if shift is not None:
                 shift.batches_claimed += 1
-            batch = ClaimedBatch(rows, lease_seconds=context.settings.delivery.lease_seconds)
-            in_flight.add(asyncio.ensure_future(run_batch(batch, context)))
+            batch = ClaimedBatch(rows, lease_seconds=context.settings.delivery.lease_seconds, due_by=due_by)
+            in_flight[asyncio.ensure_future(run_batch(batch, context))] = batch
             out_of_batches = max_batches is not None and claimed_batches >= max_batches
             if len(rows) < size:
                 next_claim_at = time.monotonic() + spacing
+        if keeps_delivering:
+            # The claims above planned the next one at the idle spacing: a retry due sooner comes first.
+            next_claim_at, _ = _retries_due(context, next_claim_at, seen_until)
         if not in_flight:
             if out_of_time or out_of_batches or (exhausted and (stop_at is None or options.until_empty)):
                 break
@@ -195,12 +223,38 @@ async def _claim_loop(context: DeliveryContext, options: DeliveryOptions) -> Del
             continue
         wait = next_claim_at - time.monotonic()
         timeout = wait if wait > 0 else (idle_sleep if exhausted else None)
-        done, in_flight = await asyncio.wait(in_flight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        woken = asyncio.ensure_future(wake.wait())
+        done, _ = await asyncio.wait([*in_flight, woken], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        woken.cancel()
         for finished in done:
-            _log_batch_failure(finished)
+            if finished is not woken:
+                del in_flight[finished]
+                _log_batch_failure(finished)
+    context.claim_waker = None
     if windows is not None:
         await windows.finish()
     return context.stats
+
+
+def _retries_due(context: DeliveryContext, next_claim_at: float, seen_until: float) -> tuple[float, bool]:
+    """The next claim's time, brought forward to the claim for the first retry of this process the last claim did not
+    take (``retry_wakeups``: just before it falls due, as the pace of claims for retries allows), and whether that
+    claim is due now."""
+    due = context.retry_wakeups.first_after(seen_until)
+    if due is None:
+        return next_claim_at, False
+    return min(next_claim_at, due), due <= time.monotonic()
+
+
+def _may_claim(batches: Iterable[ClaimedBatch], parallel: int, waiting: int, retry_due: bool) -> bool:
+    """Whether another batch may be claimed beside ``batches``: fewer than ``parallel`` of them are still being
+    prepared or sending, and fewer than ``parallel + waiting`` in all; one more of each for a due retry."""
+    extra = 1 if retry_due else 0
+    count = sending = 0
+    for batch in batches:
+        count += 1
+        sending += not batch.waiting
+    return sending < max(parallel, 1) + extra and count < max(parallel, 1) + max(waiting, 0) + extra
 
 
 async def _idle(seconds: float, shift: Shift | None) -> None:

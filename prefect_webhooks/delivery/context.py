@@ -13,6 +13,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -32,14 +33,19 @@ logger = logging.getLogger("prefect_webhooks.delivery")
 class ClaimedBatch:
     """Rows claimed together; a plain object so Prefect passes it to the task without walking 500 bodies."""
 
-    __slots__ = ("rows", "claimed_at", "lease_seconds", "waiting")
+    __slots__ = ("rows", "claimed_at", "lease_seconds", "due_by", "waiting")
 
-    def __init__(self, rows: list[Claimed], lease_seconds: float | None = None) -> None:
+    def __init__(
+        self, rows: list[Claimed], lease_seconds: float | None = None, due_by: datetime | None = None
+    ) -> None:
         self.rows = rows
         self.claimed_at = time.monotonic()
         """When the batch was made (just after its claim), on the monotonic clock."""
         self.lease_seconds = lease_seconds
         """The lease its claim took, when it was claimed just now; None when not known (re-read rows)."""
+        self.due_by = due_by
+        """The claim took rows due by this time (naive UTC; a claim made just before a retry falls due): each is sent
+        at its due time. None: rows due at the claim."""
         self.waiting = False
         """Set once every message of the batch is on its way: the batch only waits for answers (and records them),
         and the claim loop no longer counts it against ``parallel_batches``."""

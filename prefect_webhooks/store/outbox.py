@@ -163,6 +163,7 @@ def claim_due_deliveries(
     *,
     lease_seconds: float | None = None,
     in_order: bool = True,
+    due_by: datetime | None = None,
 ) -> list[Claimed]:
     """Lease up to ``limit`` due pending rows for ``owner`` in one statement, oldest due first.
 
@@ -178,6 +179,8 @@ def claim_due_deliveries(
         lease_seconds: Lease length; ``settings.delivery.lease_seconds`` by default.
         in_order: Take only each user's oldest pending row of an ordered destination (``store.ordering``); a
             caller that knows no destination is ordered passes False and saves the check.
+        due_by: Take rows due by this time (naive UTC) rather than now: a caller that sends each at its due time
+            (a claim made just before a retry falls due).
 
     Returns:
         The claimed rows (any order).
@@ -188,7 +191,7 @@ def claim_due_deliveries(
         select(OUTBOX.c.id)
         .where(
             OUTBOX.c.state == PENDING,
-            OUTBOX.c.next_attempt_at <= now,
+            OUTBOX.c.next_attempt_at <= max(now, due_by or now),
             free_of_lease(now),
         )
         .order_by(OUTBOX.c.next_attempt_at)

@@ -1,36 +1,56 @@
-"""Due times of this process's retries: coalesced per grain, only future ones kept, bounded."""
+"""Due times of this process's retries: claimed just before they fall due, paced in a storm, a late note due at once,
+bounded."""
 
 from __future__ import annotations
 
 import time
 from datetime import timedelta
 
-from prefect_webhooks.delivery.retry_wakeups import GRAIN, MOST_KEPT, RetryWakeups
+from prefect_webhooks.delivery.retry_wakeups import BURST, GRAIN, LEAD, MOST_KEPT, RetryWakeups
 from prefect_webhooks.store.tables import store_now
 
 
-def test_the_first_due_time_after_the_last_claim_comes_first_and_close_ones_share_a_claim() -> None:
+def test_the_claim_for_the_first_retry_not_taken_comes_just_before_it_falls_due() -> None:
     wakeups = RetryWakeups()
     now, monotonic = store_now(), time.monotonic()
-    wakeups.note([now + timedelta(seconds=2), now + timedelta(seconds=1), now + timedelta(seconds=1.001)])
+    assert wakeups.note([now + timedelta(seconds=2), now + timedelta(seconds=1), now + timedelta(seconds=1.0004)])
     first = wakeups.first_after(monotonic)
-    assert first is not None and 1.0 <= first - monotonic < 1.0 + GRAIN + 0.05
-    # The claim at that time saw both messages due at about 1 s, unless a grain's edge fell in the millisecond between
-    # them: then the later one has the next grain's claim (about 1 in 50 runs). The next wake-up after is at 2 s.
-    second = wakeups.first_after(first)
-    if second is not None and second - first < GRAIN * 1.5:
-        assert 1.0 <= second - monotonic < 1.0 + 2 * GRAIN + 0.05
-        second = wakeups.first_after(second)
-    assert second is not None and 2.0 <= second - monotonic < 2.0 + GRAIN + 0.05
-    assert wakeups.first_after(second) is None
+    # LEAD before the due time (the tolerance: a loaded machine may pause a thread between its two clock readings).
+    assert first is not None and abs(first - monotonic - (1.0 - LEAD)) < 0.01
+    # That claim took what was due by LEAD after it: the message due 0.4 ms later too. The next is at 2 s.
+    second = wakeups.first_after(first + LEAD + 0.001)
+    assert second is not None and abs(second - monotonic - (2.0 - LEAD)) < 0.01
+    assert wakeups.first_after(second + LEAD + 0.001) is None
+    assert not wakeups.note([]), "nothing noted: the claim loop's plan stands"
 
 
-def test_a_due_time_noted_again_after_it_passed_is_kept_and_the_count_is_bounded() -> None:
+def test_claims_for_retries_come_back_to_back_up_to_a_burst_then_one_per_grain() -> None:
     wakeups = RetryWakeups()
-    now = store_now()
-    wakeups.note([now + timedelta(seconds=1)])
-    assert wakeups.first_after(time.monotonic() + 5) is None
-    wakeups.note([now + timedelta(seconds=1)])
-    assert wakeups.first_after(time.monotonic() - 5) is not None
-    wakeups.note(now + timedelta(seconds=10 + slot * GRAIN) for slot in range(MOST_KEPT + 100))
+    now, monotonic = store_now(), time.monotonic()
+    wakeups.note(now + timedelta(seconds=1 + n * 0.001) for n in range(200))  # a storm: one due every millisecond
+    seen_until = monotonic
+    times = []
+    for _ in range(BURST + 2):
+        at = wakeups.first_after(seen_until)
+        assert at is not None
+        times.append(at - monotonic)
+        wakeups.claiming(at)
+        seen_until = at + LEAD
+    # Each of the first BURST claims just before its retry's due time (1 ms apart), then one per grain.
+    assert abs(times[0] - (1 - LEAD)) < 0.01
+    assert all(abs(times[n] - (times[0] + n * 0.001)) < 0.0015 for n in range(BURST))
+    assert abs(times[BURST] - (times[0] + GRAIN)) < 0.0015
+    assert abs(times[BURST + 1] - (times[0] + 2 * GRAIN)) < 0.0015
+
+
+def test_a_due_time_past_when_noted_is_due_at_once_and_the_count_is_bounded() -> None:
+    wakeups = RetryWakeups()
+    now, monotonic = store_now(), time.monotonic()
+    # Recorded after its due time (a slow transaction): claimed at once, not forgotten behind the last claim.
+    wakeups.note([now - timedelta(seconds=1)])
+    at = wakeups.first_after(monotonic - 5)
+    assert at is not None and at <= time.monotonic()
+    # A claim after it took it.
+    assert wakeups.first_after(time.monotonic() + 1) is None
+    wakeups.note(now + timedelta(seconds=10 + slot * 0.001) for slot in range(MOST_KEPT + 100))
     assert len(wakeups) == MOST_KEPT

@@ -38,6 +38,8 @@ TINY_RUNS = {
                        r"raw aiohttp POST loop \(ceiling\)\s+\d+ msg/s(.|\n)*deliver_due \(outbox\)\s+\d+ msg/s"),
     "bench_client": (["--messages", "200", "--endpoints", "sink"],
                      r"delivered throughput ratio \(ours / Segment\): [\d.]+x"),
+    "bench_slow_retries": (["--messages", "12", "--rounds", "1"],
+                           r"this checkout:\n +retry after its due time: sent p50 +[\d.]+ ms +p99 +[\d.]+ ms"),
     "bench_ordered_retries": (["--users", "10", "--per-user", "3", "--rounds", "1", "--limit", "12"],
                               r"ordered / unordered drain \(best of 1 each\): [\d.]+ s / [\d.]+ s"),
     "bench_live_lookups": (["--kept", "3000", "--probes", "3", "--rate", "200", "--lead-seconds", "2"],

@@ -112,6 +112,18 @@ class DeliveryContext:
         held |= taken
         return taken
 
+    def open_to_claims(self, ids: Iterable[int], held: set[int]) -> None:
+        """Let another batch of this process take ``ids`` once their record commits; ``held`` keeps them (and their
+        lease renewed) until then.
+
+        From that commit a retry already due can be claimed again by this process's claim loop, whose batch may
+        reach its fence before the recording batch resumes: still in ``sending``, the row would be left to the batch
+        that is done with it, and the new claim's lease would keep it from every claim for a lease.
+        """
+        for row_id in ids:
+            if self.sending.get(row_id) is held:
+                del self.sending[row_id]
+
     def give_up_rows(self, ids: Iterable[int], held: set[int]) -> None:
         """Remove ``ids`` from ``held`` (the batch gave them back to the outbox, or recorded their outcomes)."""
         for row_id in list(ids):

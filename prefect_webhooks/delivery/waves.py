@@ -233,11 +233,12 @@ class Waves:
         if self.alone < len(self.pairs):
             retry_together(wave.records.rescheduled, [pair for pair in sent if pair[1].batching is not None])
         records = wave.records
+        finished = [*(entry.id for entry in records.delivered), *(entry.id for entry in records.failed),
+                    *(entry.id for entry in records.rescheduled), *(entry.id for entry in records.filtered), *unsent]
+        context.open_to_claims(finished, self.mine)
         if has_outcomes(records):
             await store_call(settings, record_outcomes, context.engine, records)
-        context.give_up_rows([*(entry.id for entry in records.delivered), *(entry.id for entry in records.failed),
-                              *(entry.id for entry in records.rescheduled), *(entry.id for entry in records.filtered),
-                              *unsent], self.mine)
+        context.give_up_rows(finished, self.mine)
         if context.retry_wakeups.note(entry.next_attempt_at for entry in records.rescheduled
                                       if entry.lease_owner is None):
             context.wake_claims()

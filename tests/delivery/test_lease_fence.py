@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import Any
 
 import orjson
 import pytest
@@ -145,3 +146,43 @@ async def test_an_ordered_run_stops_at_a_row_another_batch_of_its_process_is_sen
     after = [row for row in outbox() if row.id > elsewhere]
     assert [row.state for row in after] == ["pending"] * 3 and all(row.lease_owner is None for row in after)
     assert list(context.sending) == [elsewhere]
+
+
+async def test_a_retry_claimed_again_as_its_record_commits_goes_out_then_not_a_lease_later(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim loop's next claim can land between the commit of a wave's record and the moment the batch that
+    # recorded it resumes (a loaded machine: CI, 2026-12-04, a fan-out message sent 120 s late). The retry is due
+    # already; that claim's batch reaches its fence first. The record's commit is made to be followed at once, in
+    # its thread, by that claim and its batch (the interleaving cannot be had on demand otherwise).
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_BASE_DELAY", "0.01")
+    monkeypatch.setenv("PREFECT_WEBHOOKS_RETRY_MAX_DELAY", "0.01")
+    get_settings.cache_clear()
+    real_record = waves_module.record_outcomes
+    claimed_again: list[Any] = []
+    loop = asyncio.get_running_loop()
+
+    def record_then_claim(*args: object, **kwargs: object) -> None:
+        real_record(*args, **kwargs)
+        if claimed_again:
+            return
+        time.sleep(0.05)  # the retry falls due
+        rows = claim_due_deliveries(get_engine(), 100, context.owner)
+        claimed_again.append(rows)
+        claimed_again.append(asyncio.run_coroutine_threadsafe(
+            process_batch(ClaimedBatch(rows), context), loop).result(timeout=30))
+
+    monkeypatch.setattr(waves_module, "record_outcomes", record_then_claim)
+    enqueue("again-dest", [track(0)])
+    with Receiver(script=[500]) as receiver:
+        async with Sender() as sender:
+            context = DeliveryContext(get_engine(), sender, owner="one-process")
+            context.destinations.remember("again-dest", WebhookDestination(endpoints=[{"url": receiver.url}]))
+            first = await process_batch(ClaimedBatch(claim_due_deliveries(get_engine(), 100, context.owner)),
+                                        context)
+    rows, again = claimed_again
+    assert first.rescheduled == 1 and len(rows) == 1
+    # The second batch sends the retry at once; before, its fence left it to the first batch, which had recorded it
+    # and sent nothing more, and the claim's lease kept it from every claim for the lease (120 s).
+    assert again.delivered == 1 and len(receiver.requests) == 2
+    assert [row.state for row in outbox()] == ["delivered"] and not context.sending

@@ -7,12 +7,14 @@ sent = delivered + failed (with reason), nothing left pending or lost, and the d
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -185,12 +187,20 @@ def orjson_id(request: Any) -> str:
     return orjson.loads(request.body)["properties"]["messageId"]
 
 
-PG_PORT = 55433
+def _restartable_port() -> int:
+    """55433, or the next port when the suite's own PostgreSQL server (.ci/run's, which may be given any port) is
+    there: this test stops its server, and the tests after it still need the suite's."""
+    suite_server = os.environ.get("PREFECT_WEBHOOKS_TEST_POSTGRES_URL", "")
+    suite_port = urlsplit(suite_server).port if suite_server else None
+    return 55434 if suite_port == 55433 else 55433
+
+
+PG_PORT = _restartable_port()
 
 
 @pytest.fixture
 def restartable_postgres(faulty: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A separate PostgreSQL server (port 55433) the test may stop and start; stopped at the end."""
+    """A separate PostgreSQL server (``PG_PORT``) the test may stop and start; stopped at the end."""
     script = str(ROOT / "scripts" / "test-postgres")
     started = subprocess.run([script, "start", str(PG_PORT)], capture_output=True, text=True, timeout=120)
     if started.returncode != 0:

@@ -198,10 +198,12 @@ async def test_with_an_endpoint_that_hangs_the_batches_in_flight_stay_bounded(
             context.destinations.remember("healthy", WebhookDestination(endpoints=[{"url": healthy.url}]))
             # A claim every 50 ms, each finding a message to the hanging endpoint: 40 batches would wait for their
             # timeouts at once without the bound.
+            # Claims go on for 3.5 s: past the first hanging batches' 2 s timeouts, so claims made once they end
+            # show the bound is a bound, not a stop (within 2 s a loaded machine's first batches can all hang).
             run = asyncio.ensure_future(deliver_due(
-                DeliveryOptions(run_for_seconds=2.0, idle_sleep=0.05, parallel_batches=parallel,
+                DeliveryOptions(run_for_seconds=3.5, idle_sleep=0.05, parallel_batches=parallel,
                                 waiting_batches=waiting), context=context))
-            for n in range(40):
+            for n in range(70):
                 await asyncio.to_thread(enqueue, "hanging", [track(n)])
                 await asyncio.to_thread(enqueue, "healthy", [track(100 + n)])
                 await asyncio.sleep(0.05)

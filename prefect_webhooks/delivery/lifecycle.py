@@ -166,6 +166,9 @@ async def _act_on(transition: Transition, destination: ResolvedDestination, cont
                          type(exc).__name__)
             return
         context.destinations.held_out_saved(destination.name, saved=True)
+        if position is None:
+            # Disabled already (by another process, whose event is the run's one) or no longer in the block.
+            return
         try:
             await store_call(context.settings, note_destination_changed, context.engine, destination.name)
         except Exception as exc:

@@ -178,7 +178,12 @@ def record_health(
                     notified = None
             if report.trailing_failures:
                 failures += report.trailing_failures
-                failing_since = failing_since or report.first_failure_at
+                started = report.first_failure_at
+                if row.disabled_at is not None and started is not None and started < row.disabled_at:
+                    # Requests made before the endpoint was disabled, reported by another process's batch after it:
+                    # part of the run that disabled it, not a new one (that disabled it again, a second event).
+                    started = row.disabled_at
+                failing_since = failing_since or started
                 values["last_error"] = report.last_error
             if notified is None and failures >= failing_threshold:
                 found.append(FAILING)

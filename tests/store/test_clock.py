@@ -122,6 +122,8 @@ def test_a_slow_reading_does_not_replace_a_better_recent_one() -> None:
     clock.note(1000.0, 10.0, 10.002)  # a 2 ms round trip
     clock.note(1100.0, 20.0, 20.5)  # 500 ms: a thread held up; off by up to 250 ms
     assert clock._reading is not None and clock._reading[0] == 1000.0
+    clock.note(1100.0, 30.0, 30.004)  # 4 ms against 2 ms: not better
+    assert clock._reading is not None and clock._reading[0] == 1000.0
     clock.note(1099.0, 80.0, 80.5)  # the kept reading is a minute old: the slow one is better than nothing
     assert clock._reading[0] == 1099.0
     clock.note(1099.5, 80.6, 80.601)  # a fast one always replaces

@@ -110,22 +110,30 @@ async def _generate(spec: dict[str, Any]) -> dict[str, Any]:
     acks: list[float] = []
     lag = 0.0
 
-    async def post(session: aiohttp.ClientSession, body: bytes) -> None:
+    unacknowledged: list[int] = []  # the first number of each batch not answered 200
+    answers: dict[str, int] = {}
+
+    async def post(session: aiohttp.ClientSession, body: bytes, first: int = -1) -> None:
         nonlocal accepted, refused, errors
         started = time.monotonic()
         try:
             async with session.post(url, data=body, headers=headers) as response:
                 await response.read()
+                answers[str(response.status)] = answers.get(str(response.status), 0) + 1
                 if response.status == 200:
                     accepted += batch
                     acks.append(time.monotonic() - started)
                 else:
                     refused += batch
-        except aiohttp.ClientError:
+                    unacknowledged.append(first)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            answers[type(exc).__name__] = answers.get(type(exc).__name__, 0) + 1
             errors += batch
+            unacknowledged.append(first)
 
     connector = aiohttp.TCPConnector(limit=spec.get("connections", 256))
-    async with aiohttp.ClientSession(connector=connector) as session:
+    timeout = aiohttp.ClientTimeout(total=spec.get("timeout", 300))
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         started_wall = time.time()
         start = time.monotonic() + 0.05
         if spec.get("rate"):
@@ -138,8 +146,9 @@ async def _generate(spec: dict[str, Any]) -> dict[str, Any]:
                     await asyncio.sleep(delay)
                 else:
                     lag = max(lag, -delay)
-                body = make_batch(spec["run"], step, spec["first"] + number * batch, batch, time.time())
-                tasks.append(asyncio.ensure_future(post(session, body)))
+                first = spec["first"] + number * batch
+                body = make_batch(spec["run"], step, first, batch, time.time())
+                tasks.append(asyncio.ensure_future(post(session, body, first)))
                 number += 1
             sent = number * batch
             await asyncio.gather(*tasks)
@@ -160,7 +169,7 @@ async def _generate(spec: dict[str, Any]) -> dict[str, Any]:
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"cpu": usage.ru_utime + usage.ru_stime, "sent": sent, "accepted": accepted, "refused": refused,
-            "errors": errors, "lag": lag,
+            "errors": errors, "lag": lag, "answers": answers, "unacknowledged": sorted(unacknowledged),
             "started": started_wall, "ended": ended_wall,
             "ack_p50": acks[len(acks) // 2] if acks else None,
             "ack_p99": acks[min(len(acks) - 1, int(len(acks) * 0.99))] if acks else None}

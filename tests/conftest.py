@@ -206,6 +206,16 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pyt
         url = f"sqlite:///{tmp_path / 'store.db'}"
     else:
         url = _fresh_postgres_database(postgres_server())
+    yield from _configured_store(url, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def postgres_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh PostgreSQL store (a new database), set as the configured store (mark the test ``postgres``)."""
+    yield from _configured_store(_fresh_postgres_database(postgres_server()), tmp_path, monkeypatch)
+
+
+def _configured_store(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("PREFECT_WEBHOOKS_DATABASE_URL", url)
     monkeypatch.setenv("PREFECT_WEBHOOKS_HOME", str(tmp_path))
     get_settings.cache_clear()

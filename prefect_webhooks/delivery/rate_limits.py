@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,6 +29,7 @@ from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import THROTTLED_REASON, OutcomeRecords, Rescheduled
 from prefect_webhooks.messages.retry import retry_after_seconds
 from prefect_webhooks.store.budget import Admission, Limit, Ramp, admit, release_parked
+from prefect_webhooks.store.clock import store_seconds
 from prefect_webhooks.store.endpoint_states import pause, start_ramps, url_key
 from prefect_webhooks.store.outbox import Claimed
 from prefect_webhooks.store.tables import store_now
@@ -60,7 +60,7 @@ def ramp_start_of(context: DeliveryContext, url: str) -> float | None:
 
 def limits_of(destination: ResolvedDestination, context: DeliveryContext) -> list[Limit]:
     """The endpoints of ``destination`` that need budget now (limited, paused, ramping, or a limit just removed)."""
-    now, ramp, limits = time.time(), ramp_of(context), []
+    now, ramp, limits = store_seconds(), ramp_of(context), []
     for endpoint in destination.endpoints:
         row = context.shared.endpoint(destination.name, endpoint.key)
         constrained = row is not None and (row.paused_until > now or row.rate is not None
@@ -128,7 +128,7 @@ async def _admit_destination(
     # Messages coming back from being put off go first, then the others as they came due.
     rows.sort(key=lambda row: (not _was_parked(row), row.next_attempt_at, row.id))
     requests = _requests_of(destination, rows, context.key_prefix or "")
-    asked_at = time.time()
+    asked_at = store_seconds()
     admission = await store_call(context.settings, admit, context.engine, destination.name, limits,
                                  [any(map(_was_parked, request)) for request in requests], horizon=HORIZON_SECONDS,
                                  ramp=ramp_of(context))
@@ -167,7 +167,7 @@ async def slots_for(context: DeliveryContext, destination: ResolvedDestination, 
     limits = [limit for limit in limits_of(destination, context) if limit.key == endpoint.key]
     if not limits:
         return [asyncio.get_running_loop().time()] * count
-    asked_at = time.time()
+    asked_at = store_seconds()
     admission = await store_call(context.settings, admit, context.engine, destination.name, limits, [True] * count,
                                  horizon=math.inf, ramp=ramp_of(context))
     admitted_at = _loop_time_of(admission, asked_at)
@@ -179,10 +179,11 @@ def _loop_time_of(admission: Admission, asked_at: float) -> float:
 
     The store call returns a while after that now (its commit, a thread's turn on a busy machine). Counting the
     delays from when it returned would shift each batch's slots later by that while, and a batch that waited longer
-    would then overlap the next one's slots: more requests in a second than the limit. The database's clock may not
-    be this host's (PostgreSQL), so the while is never taken as longer than the call itself.
+    would then overlap the next one's slots: more requests in a second than the limit. ``store_seconds`` is the
+    database's clock as this process carries it (``store.clock``), so the while is never taken as longer than the
+    call itself either.
     """
-    returned_at = time.time()
+    returned_at = store_seconds()
     elapsed = min(max(returned_at - admission.now, 0.0), returned_at - asked_at)
     return asyncio.get_running_loop().time() - elapsed
 

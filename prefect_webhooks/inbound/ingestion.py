@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 import orjson
@@ -31,12 +31,12 @@ from prefect_webhooks.inbound.routing import call_integrations, route
 from prefect_webhooks.inbound.sources import SourceInfo
 from prefect_webhooks.messages.model import MAX_MESSAGE_BYTES, Alias, BaseMessage, MessageError, parse_message
 from prefect_webhooks.messages.payloads import outbound_payload
-from prefect_webhooks.messages.timestamps import TimestampError, parse_timestamp, utcnow
+from prefect_webhooks.messages.timestamps import TimestampError, parse_timestamp
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engines import get_engine
 from prefect_webhooks.store.outbox import add_to_outbox, outbox_row
 from prefect_webhooks.store.seen_ids import remember_receipts, seen_receipts
-from prefect_webhooks.store.tables import SuppressedUser, to_store_time
+from prefect_webhooks.store.tables import SuppressedUser, store_now, to_store_time
 
 ALL_SOURCES = "*"
 # SQLite allows 999 bound parameters per statement in old builds; stay well under it.
@@ -165,7 +165,9 @@ def prepare_batch(
     Raises:
         EnvelopeError: a call is over 32 KB and ``oversize`` is ``"raise"``.
     """
-    received_at = received_at or utcnow()
+    # The store's clock (the database's on PostgreSQL): the receipt's dedupe period and the rows' due time agree
+    # across hosts whose clocks do not.
+    received_at = received_at or store_now().replace(tzinfo=timezone.utc)
     if sent_at is not None:
         try:
             # Parsed once for the batch: each call without its own sentAt gets the parsed time.

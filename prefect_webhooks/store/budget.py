@@ -175,7 +175,7 @@ def admit(
 
 def release_parked(engine: Engine, destination: str) -> int:
     """Make the messages of ``destination`` waiting for budget due now (its limit changed); returns how many."""
-    now = store_now()
+    now = store_now(engine)
     statement = (
         update(OUTBOX)
         .where(OUTBOX.c.destination == destination, OUTBOX.c.state == PENDING, OUTBOX.c.next_attempt_at > now,

@@ -12,7 +12,6 @@ several hosts then agree on the time slots even when the hosts' clocks do not.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,6 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
+from prefect_webhooks.store.clock import read_database_clock
 from prefect_webhooks.store.tables import EndpointState, store_now
 
 STATES = EndpointState.__table__
@@ -37,10 +37,9 @@ def url_key(url: str) -> str:
 
 
 def database_clock(connection: Connection) -> float:
-    """Now, in seconds since the epoch, by the database's clock (this host's for SQLite, a single-host store)."""
-    if connection.dialect.name == "postgresql":
-        return float(connection.exec_driver_sql("SELECT extract(epoch from clock_timestamp())").scalar_one())
-    return time.time()
+    """Now, in seconds since the epoch, by the database's clock (this host's for SQLite, a single-host store), read
+    in ``connection``'s transaction; the reading also keeps the process's store clock (``clock``) current."""
+    return read_database_clock(connection)
 
 
 def ensure_rows(connection: Connection, destination: str, endpoints: Sequence[tuple[str, str]]) -> None:

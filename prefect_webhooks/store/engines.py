@@ -34,6 +34,7 @@ except ImportError:  # not on Windows: there, processes opening a new store at o
 from prefect_webhooks.settings import get_settings, store_location
 from prefect_webhooks.store.bulk_insert import insert_rows as insert_rows  # its home before bulk_insert
 from prefect_webhooks.store.checkpointer import WAL_SIZE_LIMIT, Checkpointer
+from prefect_webhooks.store.clock import follow_database_clock, use_as_process_clock
 from prefect_webhooks.store.file_modes import prepare_store_file
 from prefect_webhooks.store.tables import OutboxMessage, StoreIdentity, dialect_insert
 from prefect_webhooks.store.upgrades import move_history_to_log, upgrade_store
@@ -71,7 +72,9 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 
 def get_engine(url: str | None = None) -> Engine:
-    """The engine for ``url`` (default: the configured store), created once per process."""
+    """The engine for ``url`` (default: the configured store), created once per process. The configured store's
+    clock becomes the process's store clock (``clock.store_now``)."""
+    configured = url is None
     url = url or get_settings().store.resolved_database_url()
     with _engines_lock:
         engine = _engines.get(url)
@@ -81,6 +84,8 @@ def get_engine(url: str | None = None) -> Engine:
             path = _sqlite_file(url)
             if path:
                 _checkpointers[url] = Checkpointer(path).start()
+            if configured or url == get_settings().store.resolved_database_url():
+                use_as_process_clock(engine)
         return engine
 
 
@@ -158,6 +163,8 @@ def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
         engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        # Times that decide ownership and due-ness come from the database's clock (``clock``).
+        follow_database_clock(engine)
     if create:
         create_schema(engine)
     return engine
@@ -306,3 +313,4 @@ def dispose_engines() -> None:
             engine.dispose()
         _engines.clear()
         _store_keys.clear()
+        use_as_process_clock(None)

@@ -48,7 +48,7 @@ def split_by_endpoint(
     keys_of = {row_id: list(keys) for row_id, keys in splits if keys}
     if not keys_of:
         return {}
-    until = store_now() + timedelta(seconds=lease_seconds)
+    until = store_now(engine) + timedelta(seconds=lease_seconds)
     split: dict[int, list[Claimed]] = {}
     copies: list[tuple[int, dict[str, Any]]] = []  # (the row it is split from, the copy's values)
     with engine.begin() as connection:

@@ -41,7 +41,7 @@ def claim_followers(
     """
     if not head_ids or per_user <= 0:
         return {}
-    now = store_now()
+    now = store_now(engine)
     ranked = (
         select(OUTBOX.c.id, _HEAD.c.id.label("head_id"), OUTBOX.c.next_attempt_at, OUTBOX.c.lease_expires_at,
                func.row_number().over(partition_by=_HEAD.c.id, order_by=OUTBOX.c.id).label("n"))

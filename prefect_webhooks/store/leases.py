@@ -20,7 +20,7 @@ LEASES = StoreLease.__table__
 
 def take_lease(engine: Engine, name: str, owner: str, seconds: float) -> bool:
     """Take (or renew, for its holder) the lease ``name`` for ``seconds``; False when another owner holds it."""
-    now = store_now()
+    now = store_now(engine)  # the database's clock on PostgreSQL: hosts whose clocks disagree still take turns
     with engine.begin() as connection:
         statement = dialect_insert(connection)(LEASES).values(
             name=name, owner=owner, expires_at=now + timedelta(seconds=seconds))

@@ -185,7 +185,7 @@ def claim_due_deliveries(
     Returns:
         The claimed rows (any order).
     """
-    now = store_now()
+    now = store_now(engine)  # the database's clock on PostgreSQL (``clock``): every host compares leases by it
     lease = lease_seconds if lease_seconds is not None else get_settings().delivery.lease_seconds
     due = (
         select(OUTBOX.c.id)
@@ -290,7 +290,7 @@ def bring_forward(engine: Engine, destinations: Sequence[str], *, limit: int | N
     """
     if not destinations:
         return 0
-    now = store_now()
+    now = store_now(engine)
     waiting = (
         select(OUTBOX.c.id)
         .where(

@@ -197,7 +197,7 @@ def prune_store(
         return report
     started = time.monotonic()
     renewed = started
-    now = now or store_now()
+    now = now or store_now(engine)
     kept_for = {"delivered": policy.delivered_seconds, "failed": policy.failed_seconds}
     pacer = Pacer(ratio=policy.pause_ratio, floor=Pacer.floor if policy.pause_ratio else 0.0, sleep=sleep)
     try:

@@ -302,7 +302,7 @@ def _seal_in_background(engine: Engine, memory: _Memory) -> None:
 def seal_periods(engine: Engine, now: datetime | None = None, pacer: Pacer | None = None) -> int:
     """Build and keep the filter of every sealed period that has none (each a step of ``pacer``); returns how many
     were built."""
-    sealed_before = (now or store_now()) - SEALED_AFTER
+    sealed_before = (now or store_now(engine)) - SEALED_AFTER
     with engine.connect() as connection:
         waiting = [p for p in _listed(connection) if p.ends_at <= sealed_before and not p.has_filter]
     for period in waiting:

@@ -16,11 +16,13 @@ from sqlalchemy.engine import Connection
 from sqlmodel import Field, SQLModel
 
 from prefect_webhooks.messages.outcomes import PENDING
+from prefect_webhooks.store.clock import store_now as store_now  # the store's clock (``clock``), imported from here
 
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets 64-bit ids.
 BIG_ID = BigInteger().with_variant(Integer(), "sqlite")
 
-# Times are kept as naive UTC (NaiveDatetime columns): one representation on SQLite and PostgreSQL.
+# Times are kept as naive UTC (NaiveDatetime columns): one representation on SQLite and PostgreSQL. What "now" is
+# when they are written and compared is the store's clock (``clock.store_now``): the database's on PostgreSQL.
 
 
 class OutboxMessage(SQLModel, table=True):
@@ -336,11 +338,6 @@ class StoreUpgrade(SQLModel, table=True):
 
     name: str = Field(primary_key=True, max_length=64)
     applied_at: NaiveDatetime
-
-
-def store_now() -> datetime:
-    """The current time as the store keeps times: naive UTC (identical on SQLite and PostgreSQL)."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 def free_of_lease(now: datetime) -> Any:

@@ -1,0 +1,27 @@
+"""The several-hosts guide (docs/operations/several-hosts.md) shows the configuration the tests run."""
+
+from __future__ import annotations
+
+import re
+
+from tests.docs_pages import page
+from tests.hosts import HAPROXY_CONFIG
+from tests.hosts.test_several_hosts import CONNECTION_OPTIONS
+
+
+def _settings(config: str) -> list[str]:
+    """The lines of an haproxy configuration, addresses aside (the guide's are examples)."""
+    return [line.strip() for line in config.splitlines()
+            if line.strip() and not line.strip().startswith(("bind ", "server ", "{"))]
+
+
+def test_the_guides_haproxy_configuration_is_the_tested_one() -> None:
+    guide = page("operations/several-hosts.md")
+    shown = re.search(r"```text\n(global\n.*?)```", guide, re.S)
+    assert shown, "the guide's haproxy.cfg block"
+    assert _settings(shown.group(1)) == _settings(HAPROXY_CONFIG)
+
+
+def test_the_guides_connection_string_has_the_tested_options() -> None:
+    guide = page("operations/several-hosts.md")
+    assert f"/webhooks?{CONNECTION_OPTIONS}'" in guide

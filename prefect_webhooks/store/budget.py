@@ -26,7 +26,8 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.messages.outcomes import PENDING, THROTTLED_REASON
-from prefect_webhooks.store.endpoint_states import database_clock, lock_rows, write_row
+from prefect_webhooks.store.clock import read_database_clock
+from prefect_webhooks.store.endpoint_states import lock_rows, write_row
 from prefect_webhooks.store.tables import OutboxMessage, free_of_lease, store_now
 
 OUTBOX = OutboxMessage.__table__
@@ -140,7 +141,7 @@ def admit(
     admission = Admission()
     with engine.begin() as connection:
         rows = lock_rows(connection, destination, [(limit.key, limit.url) for limit in limits])
-        now = admission.now = database_clock(connection)
+        now = admission.now = read_database_clock(connection)
         cells = []
         for limit in limits:
             row = rows[limit.key]

@@ -5,8 +5,8 @@ Two concerns live in one row: the request budget (``budget`` reserves slots from
 and which operational events were sent). Every change that must happen once across processes (an event, disabling
 the endpoint) is decided under the row's lock, so exactly one process acts on it.
 
-Budget times are seconds since the epoch by the database's clock (``database_clock``): on PostgreSQL processes on
-several hosts then agree on the time slots even when the hosts' clocks do not.
+Budget times are seconds since the epoch by the database's clock (``clock.read_database_clock``): on PostgreSQL
+processes on several hosts then agree on the time slots even when the hosts' clocks do not.
 """
 
 from __future__ import annotations
@@ -34,12 +34,6 @@ DISABLED = "disabled"
 def url_key(url: str) -> str:
     """The key of an endpoint URL in the store: 32 hex digits of its SHA-256 (a URL may hold a token)."""
     return hashlib.sha256(url.encode()).hexdigest()[:32]
-
-
-def database_clock(connection: Connection) -> float:
-    """Now, in seconds since the epoch, by the database's clock (this host's for SQLite, a single-host store), read
-    in ``connection``'s transaction; the reading also keeps the process's store clock (``clock``) current."""
-    return read_database_clock(connection)
 
 
 def ensure_rows(connection: Connection, destination: str, endpoints: Sequence[tuple[str, str]]) -> None:
@@ -94,7 +88,7 @@ def pause(engine: Engine, destination: str, key: str, url: str, seconds: float, 
     """
     with engine.begin() as connection:
         ensure_rows(connection, destination, [(key, url)])
-        until = database_clock(connection) + seconds
+        until = read_database_clock(connection) + seconds
         values: dict[str, Any] = {"paused_until": _later(STATES.c.paused_until, until)}
         if ramp_from is not None:
             values["ramp_started_at"] = _later(STATES.c.ramp_started_at, until)
@@ -108,7 +102,7 @@ def start_ramps(engine: Engine, endpoints: Sequence[tuple[str, str, str]], ramp_
     if not endpoints:
         return
     with engine.begin() as connection:
-        now = database_clock(connection)
+        now = read_database_clock(connection)
         for destination, key, url in endpoints:
             ensure_rows(connection, destination, [(key, url)])
             write_row(connection, destination, key, {"ramp_started_at": _later(STATES.c.ramp_started_at, now),

@@ -74,8 +74,8 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
 def get_engine(url: str | None = None) -> Engine:
     """The engine for ``url`` (default: the configured store), created once per process. The configured store's
     clock becomes the process's store clock (``clock.store_now``)."""
-    configured = url is None
-    url = url or get_settings().store.resolved_database_url()
+    configured_url = get_settings().store.resolved_database_url()
+    url = url or configured_url
     with _engines_lock:
         engine = _engines.get(url)
         if engine is None:
@@ -84,7 +84,7 @@ def get_engine(url: str | None = None) -> Engine:
             path = _sqlite_file(url)
             if path:
                 _checkpointers[url] = Checkpointer(path).start()
-            if configured or url == get_settings().store.resolved_database_url():
+            if url == configured_url:
                 use_as_process_clock(engine)
         return engine
 

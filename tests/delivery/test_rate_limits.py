@@ -136,6 +136,9 @@ async def test_retry_after_pauses_the_endpoint_for_every_message(fast_settings: 
     assert min(later) >= answered_at + 2.0 - 0.05
 
 
+# 103 messages through a probe and a 6 s ramp inside a 7 s run: one test at a time (the slow suite); beside another
+# worker's tests on 2 cores it delivered 22 in the window once (a clean-clone run of 2026-12-04).
+@pytest.mark.slow
 async def test_after_a_circuit_closes_the_backlog_ramps_up(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {"RETRY_BASE_DELAY": "30", "CIRCUIT_FAILURE_THRESHOLD": "2", "CIRCUIT_COOLDOWN_SECONDS": "1",
                         "RAMP_UP_START_RATE": "5", "RAMP_UP_SECONDS": "6"}.items():

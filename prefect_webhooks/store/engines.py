@@ -195,6 +195,13 @@ def create_schema(engine: Engine) -> SchemaChanges:
     with _one_at_a_time(engine):
         started = time.monotonic()
         with engine.begin() as connection:
+            if engine.dialect.name == "sqlite":
+                # Python's sqlite3 runs DDL outside a transaction unless one is open: the queue's rebuild (rename,
+                # create, copy, drop) would show other processes a store without its queue for a moment, and a kill
+                # in between would leave its messages in a table nothing reads. One transaction makes the upgrade
+                # all or nothing. IMMEDIATE takes the writer's turn first, so a running serve's commits cannot
+                # invalidate what the upgrade read.
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
             changes = _create_missing(connection)
             changes.upgraded += upgrade_store(connection)
         moved = move_history_to_log(engine)

@@ -43,7 +43,8 @@ COUNTERS_SEEDED = "outcome_counters_seeded"
 
 
 def upgrade_store(connection: Connection) -> list[str]:
-    """Apply the steps an older store still needs, in the caller's transaction; returns what was done."""
+    """Apply the steps an older store still needs, in the caller's transaction (on SQLite too: ``create_schema``
+    opens one before its DDL); returns what was done."""
     done = []
     if connection.dialect.name == "sqlite" and _rebuild_queue_with_autoincrement(connection):
         done.append("rebuilt the outbox with AUTOINCREMENT")

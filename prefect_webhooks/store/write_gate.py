@@ -17,9 +17,9 @@ they came: one waiter thread blocks in ``flock`` for each in turn.
 The wait is bounded: past the store's busy timeout (30 s) a writer goes on without the gate and SQLite's own busy
 handler decides from there, so a writer that hangs inside its transaction makes the others fail with "database is
 locked" as before (after up to twice the busy timeout) rather than wait for ever. A holder killed with ``SIGKILL``
-lets go with its descriptor. Only statements that start a write
-(``INSERT``, ``UPDATE``, ``DELETE``, ``REPLACE``) take it; reads never wait here, and a write the gate does not
-recognise simply meets SQLite's busy handler.
+lets go with its descriptor. Only statements that start a write (``INSERT``, ``UPDATE``, ``DELETE``, ``REPLACE``,
+``BEGIN IMMEDIATE``) take it; reads never wait here, and a write the gate does not recognise simply meets SQLite's
+busy handler.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ except ImportError:  # not on Windows: there, SQLite's busy handler alone orders
     fcntl = None  # type: ignore[assignment]
 
 GATE_SUFFIX = "-write-gate"
-_WRITES = re.compile(r"\s*(INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
+_WRITES = re.compile(r"\s*(INSERT|UPDATE|DELETE|REPLACE|BEGIN\s+(IMMEDIATE|EXCLUSIVE))\b", re.IGNORECASE)
 
 
 class GatedConnection(sqlite3.Connection):

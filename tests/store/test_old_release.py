@@ -225,6 +225,58 @@ def test_processes_opening_it_at_once_upgrade_it_once(release_store: str) -> Non
     assert Counter(message.state for message in every_message(get_engine(release_store))) == STATES
 
 
+# Run as a command would be, with SQLite's authorizer killing the process at the worst moment of the queue's
+# rebuild: the queue renamed away and made again empty, its rows about to be copied back.
+KILLED_MID_REBUILD = """
+import os, signal, sqlite3, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from prefect_webhooks.cli import main
+
+def kill_at_the_copy(action, table, *_):
+    if action == sqlite3.SQLITE_READ and table == "outbox_before_log":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sqlite3.SQLITE_OK
+
+@event.listens_for(Engine, "connect")
+def watch(dbapi_connection, _record):
+    dbapi_connection.set_authorizer(kill_at_the_copy)
+
+sys.exit(main(["status", "--json"]))
+"""
+
+
+def test_a_kill_in_the_middle_of_the_queues_rebuild_loses_nothing(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's upgrade is one transaction: killed mid-way, the store is as the release left it, and the next
+    command upgrades it whole."""
+    url = load_release_store("sqlite", tmp_path)
+    env = {**os.environ, "PREFECT_WEBHOOKS_DATABASE_URL": url, "PREFECT_WEBHOOKS_HOME": str(tmp_path),
+           "PREFECT_WEBHOOKS_RETENTION_DELIVERED": "3650d", "PREFECT_WEBHOOKS_RETENTION_FAILED": "3650d",
+           "PREFECT_WEBHOOKS_MAX_RETRY_AGE": str(3650 * 86400)}
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_REBUILD], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -9, killed.stderr  # it reached the copy
+    with closing(sqlite3.connect(tmp_path / "webhooks.db")) as connection:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "outbox_before_log" not in tables and "endpoint_counters" not in tables
+        assert connection.execute("SELECT count(*) FROM outbox").fetchone() == (72,)
+    after = subprocess.run([sys.executable, "-m", "prefect_webhooks.cli", "status", "--json"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert after.returncode == 0, after.stderr
+    assert_upgraded_once(url, after.stderr)
+    assert json.loads(after.stdout)["totals"]["pending"] == 32
+    for name, value in env.items():
+        if name.startswith("PREFECT_WEBHOOKS_"):
+            monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        assert Counter(message.state for message in every_message(get_engine(url))) == STATES
+    finally:
+        dispose_engines()
+        get_settings.cache_clear()
+
+
 @pytest.mark.postgres
 def test_a_user_who_may_only_read_is_told_what_to_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:

@@ -123,10 +123,13 @@ def test_a_writer_killed_inside_its_transaction_frees_the_gate(store: Path) -> N
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         events: list[tuple[str, float]] = []
         thread = write_in_thread(store, events)
+        deadline = time.monotonic() + 10
+        while not events and time.monotonic() < deadline:  # its read, however loaded the machine
+            time.sleep(0.01)
         time.sleep(0.4)
         assert [name for name, _ in events] == ["read"]
-        holder.send_signal(signal.SIGKILL)
     finally:
+        holder.send_signal(signal.SIGKILL)
         holder.wait(10)
     thread.join(10)
     assert [name for name, _ in events] == ["read", "second"]

@@ -33,6 +33,9 @@ the Prefect server is SIGKILLed ``--outage-at`` seconds in and started again on 
 step also reports messages/s delivered before, during and after the outage (the rate before is the reference), how
 long after the server's return delivery was back to normal, and the flow runs Prefect shows for the step.
 
+The generator, the process handling, the CPU accounting and the stores are modules of their own
+(``load_generator``, ``started_processes``, ``cpu_accounting``, ``bench_stores``), shared with the other benchmarks.
+
 The capacity is also given as a share of the lower of the two ceilings. The exit status is 1 when a check fails
 (a call lost, left pending or failed; a reference that could not run) and 2 when ``--target`` is not reached.
 Everything started is stopped at the end, including a PostgreSQL server started for ``--store postgresql``.
@@ -42,17 +45,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,308 +62,19 @@ BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
+from bench_stores import Postgres, fresh_store, pending_count, settled_store_counts, store_counts  # noqa: E402
+from cpu_accounting import Processes, cpu_reference, machine_busy, tree_cpu  # noqa: E402
+from load_generator import finish_generator, make_batch, start_generator  # noqa: E402
 from outage_fault import Outage, PrefectServerProcess  # noqa: E402
 from receiver_fault import ReceiverOutage  # noqa: E402
+from started_processes import free_port, receiver_stats, recorder, started, wait_http  # noqa: E402
 
 DESTINATION = "bench-dest"
 SOURCE = "bench-source"
 P99_LIMIT = 1.0
 
 
-# --------------------------------------------------------------------------------------------- load generator
-
-
-def make_batch(run: str, step: int, first: int, count: int, sent: float) -> bytes:
-    """A ``/v1/batch`` body of ``count`` track calls numbered from ``first``, stamped with ``sent``.
-
-    Shaped like an SDK's batch: each call with its own ``timestamp`` and ``messageId``, the batch with ``sentAt``.
-    """
-    import orjson
-
-    def stamp(at: float) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
-
-    calls = [
-        {
-            "type": "track",
-            "userId": f"user-{seq % 50_000}",
-            "event": "Order Completed",
-            "messageId": f"{run}-{step}-{seq}",
-            # The calls of a batch were made over the last moments, a millisecond apart.
-            "timestamp": stamp(sent - (first + count - seq) / 1000),
-            "properties": {"bench_step": step, "bench_seq": seq, "bench_sent": sent, "revenue": 19.99,
-                           "currency": "EUR", "sku": "A-1"},
-            "context": {"ip": "10.0.0.1", "library": {"name": "analytics-python", "version": "2.3.4"}},
-        }
-        for seq in range(first, first + count)
-    ]
-    return orjson.dumps({"batch": calls, "sentAt": stamp(sent)})
-
-
-async def _generate(spec: dict[str, Any]) -> dict[str, Any]:
-    """Open loop (``rate``): a batch every ``batch / rate`` s. Closed loop (``concurrency``): back to back."""
-    import aiohttp
-
-    url, batch, seconds, step = spec["url"], spec["batch"], spec["seconds"], spec["step"]
-    headers = {"Authorization": spec["auth"], "Content-Type": "application/json"}
-    accepted = refused = errors = 0
-    acks: list[float] = []
-    lag = 0.0
-
-    unacknowledged: list[int] = []  # the first number of each batch not answered 200
-    answers: dict[str, int] = {}
-
-    async def post(session: aiohttp.ClientSession, body: bytes, first: int = -1) -> None:
-        nonlocal accepted, refused, errors
-        started = time.monotonic()
-        try:
-            async with session.post(url, data=body, headers=headers) as response:
-                await response.read()
-                answers[str(response.status)] = answers.get(str(response.status), 0) + 1
-                if response.status == 200:
-                    accepted += batch
-                    acks.append(time.monotonic() - started)
-                else:
-                    refused += batch
-                    unacknowledged.append(first)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            answers[type(exc).__name__] = answers.get(type(exc).__name__, 0) + 1
-            errors += batch
-            unacknowledged.append(first)
-
-    connector = aiohttp.TCPConnector(limit=spec.get("connections", 256))
-    timeout = aiohttp.ClientTimeout(total=spec.get("timeout", 300))
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        started_wall = time.time()
-        start = time.monotonic() + 0.05
-        if spec.get("rate"):
-            interval = batch / spec["rate"]
-            tasks = []
-            number = 0
-            while number * interval < seconds:
-                delay = start + number * interval - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                else:
-                    lag = max(lag, -delay)
-                first = spec["first"] + number * batch
-                body = make_batch(spec["run"], step, first, batch, time.time())
-                tasks.append(asyncio.ensure_future(post(session, body, first)))
-                number += 1
-            sent = number * batch
-            await asyncio.gather(*tasks)
-        else:
-            counter = [0]
-
-            async def worker() -> None:
-                while time.monotonic() < start + seconds:
-                    first = spec["first"] + counter[0] * batch
-                    counter[0] += 1
-                    await post(session, make_batch(spec["run"], step, first, batch, time.time()))
-
-            await asyncio.gather(*(worker() for _ in range(spec["concurrency"])))
-            sent = counter[0] * batch
-        ended_wall = time.time()
-    acks.sort()
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"cpu": usage.ru_utime + usage.ru_stime, "sent": sent, "accepted": accepted, "refused": refused,
-            "errors": errors, "lag": lag, "answers": answers, "unacknowledged": sorted(unacknowledged),
-            "started": started_wall, "ended": ended_wall,
-            "ack_p50": acks[len(acks) // 2] if acks else None,
-            "ack_p99": acks[min(len(acks) - 1, int(len(acks) * 0.99))] if acks else None}
-
-
-def generator_main(spec_json: str) -> None:
-    import uvloop
-
-    print(json.dumps(uvloop.run(_generate(json.loads(spec_json)))), flush=True)
-
-
-def start_generator(spec: dict[str, Any]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, "--generator", json.dumps(spec)], stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT)
-
-
-def finish_generator(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    except BaseException:
-        process.kill()
-        process.wait(10)
-        raise
-    if process.returncode != 0:
-        raise RuntimeError(f"load generator exited with {process.returncode}")
-    return json.loads(out.strip().splitlines()[-1])
-
-
-# ----------------------------------------------------------------------------------------- processes and CPU
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_http(url: str, process: subprocess.Popen[Any] | None, timeout: float, what: str) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
-
-
-def _own_cpu(process: Any) -> tuple[float, float]:
-    """(this process's CPU seconds, its reaped children's CPU seconds)."""
-    times = process.cpu_times()
-    return times.user + times.system, times.children_user + times.children_system
-
-
-def tree_cpu(pid: int, *, own: bool = True, below: bool = True) -> float:
-    """CPU seconds of ``pid`` (``own``) and of everything below it, exited children included (``below``).
-
-    A child that exited and was reaped counts in its parent's children times; a live one counts its own.
-    """
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        total = 0.0
-        mine, reaped = _own_cpu(root)
-        total += (mine if own else 0.0) + (reaped if below else 0.0)
-        if below:
-            for child in root.children(recursive=True):
-                with suppress(psutil.NoSuchProcess):
-                    mine, reaped = _own_cpu(child)
-                    total += mine + reaped
-        return total
-    except psutil.NoSuchProcess:
-        return 0.0
-
-
-def serve_parts(serve_pid: int) -> dict[str, list[int]]:
-    """The direct children of ``serve`` by role."""
-    import psutil
-
-    parts: dict[str, list[int]] = {"ingest API": [], "delivery": [], "runner": [], "pruner": []}
-    with suppress(psutil.NoSuchProcess):
-        for child in psutil.Process(serve_pid).children():
-            with suppress(psutil.NoSuchProcess):
-                command = " ".join(child.cmdline())
-                if "uvicorn" in command:
-                    parts["ingest API"].append(child.pid)
-                elif "delivery_worker" in command:
-                    parts["delivery"].append(child.pid)
-                elif "deployments.serve" in command:
-                    parts["runner"].append(child.pid)
-                elif "serving.pruner" in command:
-                    parts["pruner"].append(child.pid)
-    return parts
-
-
-@dataclass
-class Processes:
-    """The pids whose CPU is reported."""
-
-    serve: int | None = None
-    prefect_server: int | None = None
-    postgres: int | None = None
-    receiver: int | None = None
-    generator: list[int] = field(default_factory=list)
-    generator_cpu: float = 0.0
-
-    def cpu(self) -> dict[str, float]:
-        figures: dict[str, float] = {}
-        if self.serve:
-            parts = serve_parts(self.serve)
-            figures["ingest API"] = sum(tree_cpu(pid) for pid in parts["ingest API"])
-            figures["delivery worker"] = sum(tree_cpu(pid) for pid in parts["delivery"])
-            # Flow runs the runner starts are processes of their own: before delivery workers existed, these were
-            # the scheduled deliver runs.
-            figures["runner"] = sum(tree_cpu(pid, below=False) for pid in parts["runner"])
-            figures["runner's flow runs"] = sum(tree_cpu(pid, own=False) for pid in parts["runner"])
-            figures["serve supervisor"] = tree_cpu(self.serve, below=False)
-        if self.prefect_server:
-            figures["Prefect server"] = tree_cpu(self.prefect_server)
-        if self.postgres:
-            figures["PostgreSQL"] = tree_cpu(self.postgres)
-        if self.receiver:
-            figures["receiver"] = tree_cpu(self.receiver)
-        figures["generator"] = self.generator_cpu + sum(tree_cpu(pid) for pid in self.generator)
-        return figures
-
-
-def cpu_reference() -> str:
-    """The time of a fixed pure-Python workload, printed beside every run's figures: this machine (a VM sharing its
-    host) has run the same code 1.5-2x slower at some hours than at others, so figures from two runs compare only
-    where this one is alike."""
-    import timeit
-
-    best = min(timeit.repeat("sum(range(1000))", number=2000, repeat=15)) / 2000
-    return f"CPU reference sum(range(1000)) {best * 1e6:.1f} µs"
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy CPU seconds of the whole machine, all CPU seconds): other users' load shows here too."""
-    import psutil
-
-    times = psutil.cpu_times()
-    idle = times.idle + getattr(times, "iowait", 0.0)
-    total = sum(times)
-    return total - idle, total
-
-
-def stop_process(process: subprocess.Popen[Any] | None, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
-    """Stop a process started in its own session, and whatever is left of its group."""
-    if process is None:
-        return
-    if process.poll() is None:
-        with suppress(ProcessLookupError):
-            process.send_signal(sig)
-        with suppress(subprocess.TimeoutExpired):
-            process.wait(timeout)
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with suppress(subprocess.TimeoutExpired):
-        process.wait(10)
-
-
-@contextmanager
-def started(command: list[str], *, env: dict[str, str], log: Path, sig: int = signal.SIGTERM,
-            cwd: Path = ROOT):
-    """Run ``command`` in its own session (output to ``log``) until the block ends."""
-    with log.open("ab") as handle:
-        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=cwd,
-                                   start_new_session=True)
-    try:
-        yield process
-    finally:
-        stop_process(process, sig)
-
-
 # ------------------------------------------------------------------------------------------------ the parts
-
-
-def recorder(workdir: Path):
-    port = free_port()
-    return port, started([sys.executable, str(BENCH / "recorder.py"), str(port)], env=dict(os.environ),
-                         log=workdir / "recorder.log")
-
-
-def receiver_stats(port: int, step: int) -> dict[str, Any]:
-    import httpx
-
-    return httpx.get(f"http://127.0.0.1:{port}/_stats/{step}", timeout=30).json()
 
 
 def save_blocks(receiver_url: str) -> str:
@@ -378,119 +89,6 @@ def save_blocks(receiver_url: str) -> str:
                        shared_secret="bench-secret-0001").save(DESTINATION, overwrite=True)
     Source(write_key=write_key, destinations=[DESTINATION]).save(SOURCE, overwrite=True)
     return "Basic " + base64.b64encode(f"{write_key}:".encode()).decode()
-
-
-class Postgres:
-    """A PostgreSQL server: the given one, or a throwaway one started here on a free port and stopped at the end.
-
-    The throwaway server is ``scripts/test-postgres`` on a port of its own (never the test server's), its data
-    folder removed when it stops: a benchmark leaves nothing running behind it.
-    """
-
-    def __init__(self, url: str | None) -> None:
-        self.url = url
-        self.started_port: str | None = None
-        self.created: list[str] = []
-
-    @property
-    def pid(self) -> int | None:
-        """The postmaster of a server started here (its CPU is reported; a shared server's is not ours alone)."""
-        if not self.started_port:
-            return None
-        pid_file = Path(f"/tmp/prefect-webhooks-pg-{self.started_port}/data/postmaster.pid")
-        return int(pid_file.read_text().split()[0]) if pid_file.exists() else None
-
-    def __enter__(self) -> Postgres:
-        if not self.url:
-            port = str(free_port())
-            self.started_port = port
-            done = subprocess.run([str(ROOT / "scripts" / "test-postgres"), "start", port], capture_output=True,
-                                  text=True)
-            if done.returncode != 0:
-                self.__exit__()
-                raise RuntimeError(f"scripts/test-postgres start {port} failed: {done.stderr[-500:]}")
-            self.url = done.stdout.strip().splitlines()[-1]
-        return self
-
-    def fresh_database(self) -> str:
-        import psycopg
-
-        assert self.url
-        name = f"bench_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(self.url, autocommit=True) as connection:
-            connection.execute(f'CREATE DATABASE "{name}"')
-        self.created.append(name)
-        return self.url.rsplit("/", 1)[0] + f"/{name}"
-
-    def __exit__(self, *exc: object) -> None:
-        if self.created and not self.started_port:
-            # A server that was already running keeps running, without this run's databases.
-            import psycopg
-
-            from prefect_webhooks.store.engines import dispose_engines
-
-            dispose_engines()
-            assert self.url
-            with psycopg.connect(self.url, autocommit=True) as connection:
-                for name in self.created:
-                    connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        self.created = []
-        if self.started_port:
-            subprocess.run([str(ROOT / "scripts" / "test-postgres"), "stop", self.started_port], capture_output=True)
-            shutil.rmtree(f"/tmp/prefect-webhooks-pg-{self.started_port}", ignore_errors=True)
-            self.started_port = None
-
-
-def fresh_store(kind: str, workdir: Path, postgres: Postgres | None, name: str) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{workdir / (name + '.db')}"
-    assert postgres is not None
-    return postgres.fresh_database()
-
-
-def store_counts(url: str) -> dict[str, int]:
-    from sqlalchemy import func, select
-
-    from prefect_webhooks.store.counters import outcome_totals
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import OUTBOX
-
-    # Outcomes from the counters (finished messages have left the queue for the log), pending from the queue.
-    with get_engine(url).connect() as connection:
-        counts: dict[str, int] = {}
-        for outcomes in outcome_totals(connection).values():
-            for state, count in outcomes.items():
-                counts[state] = counts.get(state, 0) + count
-        counts.update(connection.execute(select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)).all())
-        return counts
-
-
-def settled_store_counts(url: str, expected: dict[str, int], quiet_seconds: float) -> dict[str, int]:
-    """The store's counts once they are ``expected``, or once they have not changed for ``quiet_seconds``.
-
-    The receiver can hold a batch's requests before the worker has committed their outcomes (the record's
-    transaction waits for the write lock behind a backlog): read at once, those messages still count as pending,
-    though nothing is wrong. Counts that stop changing short of ``expected`` are a real loss or leftover.
-    """
-    counts = store_counts(url)
-    changed_at = time.monotonic()
-    while counts != expected and time.monotonic() - changed_at < quiet_seconds:
-        time.sleep(0.5)
-        now = store_counts(url)
-        if now != counts:
-            counts, changed_at = now, time.monotonic()
-    return counts
-
-
-def pending_count(url: str) -> int:
-    from sqlalchemy import func, select
-
-    from prefect_webhooks.messages.outcomes import PENDING
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import OUTBOX
-
-    with get_engine(url).connect() as connection:
-        return connection.execute(select(func.count()).where(OUTBOX.c.state == PENDING)).scalar_one()
 
 
 # ------------------------------------------------------------------------------------------------ references
@@ -850,7 +448,6 @@ def parse_args() -> argparse.Namespace:
                              "(bench/receiver_fault.py)")
     parser.add_argument("--outage-at", type=float, default=20.0, metavar="SECONDS",
                         help="with --prefect-outage: seconds into the step when the server is killed")
-    parser.add_argument("--generator", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:
         args.step_seconds, args.reference_seconds, args.reference_rounds = 20.0, 5.0, 2
@@ -859,9 +456,6 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    if args.generator:
-        generator_main(args.generator)
-        return 0
     # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C, so every part started below is stopped on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     workdir = Path(tempfile.mkdtemp(prefix="bench-capacity-"))

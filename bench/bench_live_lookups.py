@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_capacity import ROOT  # noqa: E402
 from bench_message_log import (  # noqa: E402
     DESTINATIONS,
     add_day_of_minute_counts,
@@ -40,6 +39,7 @@ from bench_message_log import (  # noqa: E402
     sample_kept,
 )
 from bench_soak import Bench, kept_messages, ms  # noqa: E402
+from started_processes import ROOT  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 TOKEN = "bench-admin-token-0001"

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_capacity import Postgres  # noqa: E402
 from bench_delivery import Sink, make_payloads  # noqa: E402
+from bench_stores import Postgres  # noqa: E402
 
 WORKER = """
 import asyncio, json, os, sys, time

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_capacity import cpu_reference  # noqa: E402
+from cpu_accounting import cpu_reference  # noqa: E402
 
 
 def message(number: int, run: str) -> dict:

@@ -82,7 +82,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
-from bench_capacity import cpu_reference  # noqa: E402
+from cpu_accounting import cpu_reference  # noqa: E402
 
 USER_AGENT = "prefect-webhooks/1.0"
 SECRET = b"bench-s3cret-0001"

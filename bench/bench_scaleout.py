@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_capacity import Postgres  # noqa: E402
 from bench_delivery import Sink, make_payloads, raw_loop  # noqa: E402
+from bench_stores import Postgres  # noqa: E402
 
 
 async def _worker(sink_url: str) -> dict:

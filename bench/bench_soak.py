@@ -43,21 +43,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_capacity import (  # noqa: E402
-    BENCH,
-    ROOT,
-    Postgres,
-    cpu_reference,
-    finish_generator,
-    free_port,
-    receiver_stats,
-    recorder,
-    save_blocks,
-    start_generator,
-    started,
-    wait_http,
-)
+from bench_capacity import save_blocks  # noqa: E402
+from bench_stores import Postgres  # noqa: E402
+from cpu_accounting import cpu_reference  # noqa: E402
+from load_generator import finish_generator, start_generator  # noqa: E402
 from outage_fault import PrefectServerProcess  # noqa: E402
+from started_processes import BENCH, ROOT, free_port, receiver_stats, recorder, started, wait_http  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 STEP = [1000]  # step numbers, unique across the run (the receiver keeps each step apart)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_capacity import cpu_reference, serve_parts  # noqa: E402
 from bench_soak import Bench, ms  # noqa: E402
+from cpu_accounting import cpu_reference, serve_parts  # noqa: E402
 
 
 def counters(pid: int) -> tuple[float, float, int]:

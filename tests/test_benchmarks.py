@@ -152,7 +152,7 @@ def test_the_capacity_check_waits_for_outcomes_the_receiver_has_before_the_store
 
     sys.path.insert(0, str(BENCH))
     try:
-        from bench_capacity import settled_store_counts, store_counts
+        from bench_stores import settled_store_counts, store_counts
     finally:
         sys.path.remove(str(BENCH))
     engine = get_engine(store_url)

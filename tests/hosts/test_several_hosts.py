@@ -177,7 +177,7 @@ class Stream:
                 "seconds": self.seconds, "step": self.step, "first": 0, "run": uuid.uuid4().hex[:6],
                 "connections": 64, "timeout": 60}
         self.started = time.time()
-        self.process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "bench_capacity.py"), "--generator",
+        self.process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "load_generator.py"),
                                          json.dumps(spec)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                                         env=child_env())
         return self

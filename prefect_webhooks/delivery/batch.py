@@ -27,15 +27,15 @@ from prefect_webhooks.delivery.waves import Waves
 from prefect_webhooks.messages.outcomes import Filtered, Rescheduled
 from prefect_webhooks.messages.retry import deadline_of
 from prefect_webhooks.signing.headers import message_key_prefix
-from prefect_webhooks.store.engines import store_key
-from prefect_webhooks.store.outbox import (
+from prefect_webhooks.store.engine.engines import store_key
+from prefect_webhooks.store.queue.outbox import (
     Claimed,
     extend_leases,
     leased_rows,
     release_leases,
     renew_leases,
 )
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.schema.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 # A batch that reaches its fence this soon after its claim (and within a quarter of its lease) is held as claimed.

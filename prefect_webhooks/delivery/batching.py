@@ -28,7 +28,7 @@ from prefect_webhooks.delivery.rate_limits import Slots, slots_for
 from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url, run_paced
 from prefect_webhooks.messages.outcomes import Rescheduled
-from prefect_webhooks.store.outbox import Claimed, release_leases
+from prefect_webhooks.store.queue.outbox import Claimed, release_leases
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 

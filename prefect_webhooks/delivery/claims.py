@@ -36,9 +36,9 @@ from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.delivery.task import TaskWindows
 from prefect_webhooks.messages.retry import RetryableDeliveryError
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import bring_forward, claim_due_deliveries
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import bring_forward, claim_due_deliveries
+from prefect_webhooks.store.schema.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 # How long a run outside a delivery worker waits at its end for its events (the first of a process may wait seconds

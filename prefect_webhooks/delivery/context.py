@@ -25,7 +25,7 @@ from prefect_webhooks.delivery.sender import Sender
 from prefect_webhooks.delivery.shared_state import SharedState
 from prefect_webhooks.delivery.stats import DeliveryStats
 from prefect_webhooks.settings import WebhooksSettings, get_settings
-from prefect_webhooks.store.outbox import Claimed
+from prefect_webhooks.store.queue.outbox import Claimed
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 

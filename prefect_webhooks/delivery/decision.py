@@ -23,7 +23,7 @@ from prefect_webhooks.messages.outcomes import (
 )
 from prefect_webhooks.messages.retry import RETRY_AFTER_REASON, deadline_of, next_attempt_at, parse_retry_after
 from prefect_webhooks.settings import WebhooksSettings
-from prefect_webhooks.store.outbox import Claimed
+from prefect_webhooks.store.queue.outbox import Claimed
 
 
 class BatchWrites:

@@ -69,7 +69,7 @@ class ResolvedDestination:
     ordered: bool = False
     disable_after: timedelta | None = None
     each_endpoint: bool = False
-    """Every endpoint gets every message on its own (``store.fan_out``)."""
+    """Every endpoint gets every message on its own (``store.queue.fan_out``)."""
     only: str | None = None
     """The key of the one endpoint this copy is narrowed to (a row bound to it), or None for the whole destination."""
 

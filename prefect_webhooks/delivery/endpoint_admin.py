@@ -16,10 +16,10 @@ from prefect_webhooks.blocks.saved import load_block
 from prefect_webhooks.delivery.sender import display_url
 from prefect_webhooks.delivery.stats import artifact_key
 from prefect_webhooks.messages.outcomes import DISABLED_REASON
-from prefect_webhooks.store.destination_changes import note_destination_changed
-from prefect_webhooks.store.endpoint_states import read_states, reset_health, url_key
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.replay import replay_failed
+from prefect_webhooks.store.endpoints.destination_changes import note_destination_changed
+from prefect_webhooks.store.endpoints.states import read_states, reset_health, url_key
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.replay import replay_failed
 
 
 @dataclass(frozen=True)

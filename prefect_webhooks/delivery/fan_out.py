@@ -1,7 +1,7 @@
 """Fan-out in a batch: messages of destinations that deliver to each endpoint go to one endpoint per row.
 
 A destination block with ``each_endpoint`` gives every endpoint every message independently. The queue holds one
-row per message and endpoint (``store.fan_out`` splits a message at its first claim); here each such row is paired
+row per message and endpoint (``store.queue.fan_out`` splits a message at its first claim); here each such row is paired
 with its destination narrowed to its endpoint (``ResolvedDestination.narrowed``), so everything after this step
 (filters, disabled endpoints, rate limits, ordering, batching, sending, the decision, the attempt log) treats it as
 a message of a one-endpoint destination. A row bound to an endpoint the block no longer lists fails for good.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from prefect_webhooks.delivery.context import DeliveryContext, store_call
 from prefect_webhooks.delivery.decision import BatchWrites
 from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.store.fan_out import split_by_endpoint
-from prefect_webhooks.store.outbox import Claimed
+from prefect_webhooks.store.queue.fan_out import split_by_endpoint
+from prefect_webhooks.store.queue.outbox import Claimed
 
 Pair = tuple[Claimed, ResolvedDestination]
 

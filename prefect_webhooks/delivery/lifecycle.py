@@ -27,8 +27,8 @@ from prefect_webhooks.delivery.events import emit_endpoint_event, in_background
 from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, Failed, OutcomeRecords
-from prefect_webhooks.store.destination_changes import note_destination_changed
-from prefect_webhooks.store.endpoint_states import (
+from prefect_webhooks.store.endpoints.destination_changes import note_destination_changed
+from prefect_webhooks.store.endpoints.states import (
     DISABLED,
     FAILING,
     RECOVERED,
@@ -38,7 +38,7 @@ from prefect_webhooks.store.endpoint_states import (
     record_health,
     undo_disable,
 )
-from prefect_webhooks.store.outbox import Claimed
+from prefect_webhooks.store.queue.outbox import Claimed
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 

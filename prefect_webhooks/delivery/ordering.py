@@ -1,5 +1,5 @@
 """Ordered delivery in a batch: keep the store's list of ordered destinations in step with the blocks, hold back
-any message claimed before its destination was listed (``store.ordering`` explains the claim rule), and send each
+any message claimed before its destination was listed (``store.queue.ordering`` explains the claim rule), and send each
 user's next messages behind the one claimed, in turn.
 
 The claim already takes only each user's oldest pending message of a listed destination. A destination whose
@@ -8,7 +8,7 @@ store: a batch re-checks the messages of ordered destinations in one query and g
 earlier pending message of their user, unsent; the claim skips them until their turn.
 
 One message per user per claim would make a user's backlog of 20 take 20 claims. So the batch also leases the
-user's following messages that are due (``store.followers``) and sends them one after another behind the claimed
+user's following messages that are due (``store.queue.followers``) and sends them one after another behind the claimed
 one, each once the one before was delivered or failed for good; the first to be retried ends the run, and the ones
 after it go back to the outbox unsent, behind it. Destinations with rate budget to take (each request has its own
 slot) or that batch messages keep one message per user per claim.
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from prefect_webhooks.delivery.context import DeliveryContext, store_call
 from prefect_webhooks.delivery.destinations import ResolvedDestination
 from prefect_webhooks.delivery.rate_limits import Slots, limits_of
-from prefect_webhooks.store.followers import claim_followers
-from prefect_webhooks.store.ordering import behind_earlier, set_ordered
-from prefect_webhooks.store.outbox import Claimed, release_leases
+from prefect_webhooks.store.queue.followers import claim_followers
+from prefect_webhooks.store.queue.ordering import behind_earlier, set_ordered
+from prefect_webhooks.store.queue.outbox import Claimed, release_leases
 
 Ready = tuple[Claimed, ResolvedDestination]
 # Most messages of one user a batch takes behind the claimed one: a user's backlog goes in a few claims, and one

@@ -1,8 +1,8 @@
 """Rate limits in a batch: which messages may go now (and at which instant), which wait in the outbox, and pauses.
 
 An endpoint needs budget when its block sets ``rate_limit``, or when the store says it is paused by a receiver's
-``Retry-After`` or ramping up after a recovery (``store.budget`` explains the slots). For each destination with such
-an endpoint the batch takes slots in one store transaction, one per request (a batching destination's batch is
+``Retry-After`` or ramping up after a recovery (``store.endpoints.budget`` explains the slots). For each destination
+with such an endpoint the batch takes slots in one store transaction, one per request (a batching destination's batch is
 one request); a message with a slot is sent at that instant, one
 without is put off to its estimated turn with the reason ``throttled: …`` and moves out of the due messages (no
 claim reads it before then). Messages to other endpoints never touch any of this.
@@ -28,11 +28,11 @@ from prefect_webhooks.delivery.request_shape import Endpoint
 from prefect_webhooks.delivery.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import THROTTLED_REASON, OutcomeRecords, Rescheduled
 from prefect_webhooks.messages.retry import retry_after_seconds
-from prefect_webhooks.store.budget import Admission, Limit, Ramp, admit, release_parked
-from prefect_webhooks.store.clock import store_seconds
-from prefect_webhooks.store.endpoint_states import pause, start_ramps, url_key
-from prefect_webhooks.store.outbox import Claimed
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.endpoints.budget import Admission, Limit, Ramp, admit, release_parked
+from prefect_webhooks.store.endpoints.states import pause, start_ramps, url_key
+from prefect_webhooks.store.queue.outbox import Claimed
+from prefect_webhooks.store.schema.clock import store_seconds
+from prefect_webhooks.store.schema.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 # Slots further ahead than this are not taken: the message waits in the outbox instead of in the batch. Longer than
@@ -180,7 +180,7 @@ def _loop_time_of(admission: Admission, asked_at: float) -> float:
     The store call returns a while after that now (its commit, a thread's turn on a busy machine). Counting the
     delays from when it returned would shift each batch's slots later by that while, and a batch that waited longer
     would then overlap the next one's slots: more requests in a second than the limit. ``store_seconds`` is the
-    database's clock as this process carries it (``store.clock``), so the while is never taken as longer than the
+    database's clock as this process carries it (``store.schema.clock``), so the while is never taken as longer than the
     call itself either.
     """
     returned_at = store_seconds()

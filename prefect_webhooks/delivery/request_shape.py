@@ -18,7 +18,7 @@ from prefect_webhooks.delivery.transport import ClientTls
 from prefect_webhooks.messages.mapping import Mapping, compile_mapping
 from prefect_webhooks.signing.headers import MessageSigner
 from prefect_webhooks.signing.signatures import SIGNATURE_HEADER
-from prefect_webhooks.store.endpoint_states import url_key
+from prefect_webhooks.store.endpoints.states import url_key
 
 # The delivery contract's version (the destination spec's ``<product_name>/1.0``), not the package's: receivers may
 # allow-list it, so it moves only with the bodies and headers they get.

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from datetime import datetime
 
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.schema.tables import store_now
 
 GRAIN = 0.05
 """Seconds per claim for retries, on average."""

@@ -30,7 +30,7 @@ from prefect_webhooks.delivery.transport import READ_LIMIT, ClientTls, CurlTrans
 from prefect_webhooks.messages.outcomes import DELIVERED, PERMANENT, RETRY, Attempt
 from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.schema.tables import store_now
 from prefect_webhooks.utilities.urls import display_url
 
 # What is read of a token endpoint's answer at most (its JSON is kept whole); webhook answers: ``transport.READ_LIMIT``.

@@ -1,9 +1,9 @@
 """What a delivering process last read of the state its peers share in the store, kept for about a second.
 
 Endpoint states (pauses, ramps, limits, failure runs), the set of ordered destinations and the destinations' block
-generations (``store.destination_changes``) change rarely; reading them once a second instead of once per batch
-keeps a healthy endpoint's batches free of extra store queries. A process that changes one of them itself marks its
-copy stale, so its next batch reads the change.
+generations (``store.endpoints.destination_changes``) change rarely; reading them once a second instead of once per
+batch keeps a healthy endpoint's batches free of extra store queries. A process that changes one of them itself marks
+its copy stale, so its next batch reads the change.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from prefect_webhooks.store.destination_changes import destination_generations
-from prefect_webhooks.store.endpoint_states import read_states
-from prefect_webhooks.store.ordering import ordered_destinations
+from prefect_webhooks.store.endpoints.destination_changes import destination_generations
+from prefect_webhooks.store.endpoints.states import read_states
+from prefect_webhooks.store.queue.ordering import ordered_destinations
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 REFRESH_SECONDS = 1.0

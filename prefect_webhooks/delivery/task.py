@@ -33,7 +33,7 @@ from prefect_webhooks.delivery.batch import BatchResult, process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext
 from prefect_webhooks.messages.retry import JITTER, RetryableDeliveryError, is_retryable_delivery_error
 from prefect_webhooks.settings import WebhooksSettings
-from prefect_webhooks.store.outbox import Claimed
+from prefect_webhooks.store.queue.outbox import Claimed
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 

@@ -43,8 +43,8 @@ from prefect_webhooks.delivery.stats import MessageCounts
 from prefect_webhooks.messages.outcomes import DELIVERED, OutcomeRecords
 from prefect_webhooks.messages.retry import JITTER
 from prefect_webhooks.settings import WebhooksSettings
-from prefect_webhooks.store.outbox import Claimed, record_outcomes, release_leases
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.queue.outbox import Claimed, record_outcomes, release_leases
+from prefect_webhooks.store.schema.tables import store_now
 
 logger = logging.getLogger("prefect_webhooks.delivery")
 

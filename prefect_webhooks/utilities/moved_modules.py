@@ -1,6 +1,6 @@
 """The modules that moved when the package was grouped into one folder per stage, importable by their old names.
 
-``import prefect_webhooks.metrics`` still works and gives ``prefect_webhooks.store.metrics`` (the same module
+``import prefect_webhooks.metrics`` still works and gives ``prefect_webhooks.store.figures.metrics`` (the same module
 object, so a name patched through either path is patched for both), with a ``DeprecationWarning`` naming the new
 path; ``python -m`` runs an old path too. New code uses the new paths.
 """
@@ -32,10 +32,10 @@ MOVED_MODULES = {
     "filters": "blocks.filter_rules",
     "ingest": "inbound.ingestion",
     "message_headers": "signing.headers",
-    "metrics": "store.metrics",
+    "metrics": "store.figures.metrics",
     "naming": "audiences.naming",
     "network": "delivery.network",
-    "outbox": "store.outbox",
+    "outbox": "store.queue.outbox",
     "outcomes": "messages.outcomes",
     "payloads": "messages.payloads",
     "retry": "messages.retry",

@@ -10,11 +10,18 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
-from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, CLOSED, HALF_OPEN, OPEN, Circuit, EndpointGuard
+from prefect_webhooks.delivery.circuit import (
+    CIRCUIT_OPEN_ERROR,
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    Circuit,
+    EndpointGuard,
+)
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 

@@ -24,8 +24,8 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.delivery.test_delivery import attempts, deliver, deliver_once, outbox, track
 from tests.receivers import Receiver
 
@@ -308,7 +308,7 @@ class _shared_sender:
 
     async def __aenter__(self) -> Any:
         from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-        from prefect_webhooks.store.engines import get_engine
+        from prefect_webhooks.store.engine.engines import get_engine
 
         self._sender = Sender()
         await self._sender.__aenter__()

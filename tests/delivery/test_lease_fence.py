@@ -21,9 +21,9 @@ from prefect_webhooks.delivery.batch import process_batch
 from prefect_webhooks.delivery.context import ClaimedBatch
 from prefect_webhooks.delivery.destinations import DestinationCache
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.ordering import set_ordered
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.ordering import set_ordered
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue
 from tests.delivery.test_delivery import outbox, track
 from tests.outages import switched_api
 from tests.receivers import ReceivedRequest, Receiver

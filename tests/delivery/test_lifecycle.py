@@ -32,9 +32,9 @@ from prefect_webhooks.delivery.events import (
 )
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, FAILED
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.schema.tables import store_now
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 

@@ -277,7 +277,7 @@ def preview(
     """Print the exact requests (method, URL, headers, signatures, body) a destination would make for a message,
     without sending anything; secret header values are masked."""
     from prefect_webhooks.blocks.destination import WebhookDestination
-    from prefect_webhooks.delivery.preview import check_messages, preview_requests
+    from prefect_webhooks.delivery.endpoints.preview import check_messages, preview_requests
     exit_without_prefect_api("preview")
     try:
         text = sys.stdin.read() if str(message) == "-" else message.read_text(encoding="utf-8")

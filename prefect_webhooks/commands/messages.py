@@ -113,7 +113,7 @@ def _requests_as_sent(message: StoredMessage, key: str) -> list[str]:
     """The requests ``message`` makes now (its destination block as saved, its own id), secrets masked."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.commands.named_blocks import named_block
-    from prefect_webhooks.delivery.preview import stored_message_requests
+    from prefect_webhooks.delivery.endpoints.preview import stored_message_requests
 
     if message.body is None:
         return stored_message_requests(None, None, message.id, key)

@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from prefect_webhooks.delivery.endpoint_admin import EndpointView
+from prefect_webhooks.delivery.endpoints.admin import EndpointView
 from prefect_webhooks.store.figures.minute_counts import ReasonCount
 from prefect_webhooks.store.log.message_search import SCAN_LIMIT
 

@@ -154,7 +154,7 @@ async def _block_or_notice(name: str, blocks: Any, generation: int | None) -> An
 
 
 async def _destination(engine: Engine, blocks: Any, request: Request, session: str) -> Response:
-    from prefect_webhooks.delivery.endpoint_admin import views_of
+    from prefect_webhooks.delivery.endpoints.admin import views_of
     from prefect_webhooks.store.endpoints.destination_changes import destination_generations
     from prefect_webhooks.store.endpoints.states import read_states
     from prefect_webhooks.store.figures.metrics import backlog_snapshot
@@ -213,7 +213,7 @@ async def _replay(engine: Engine, request: Request, session: str) -> Response:
 
 
 async def _endpoint_action(request: Request, session: str) -> Response:
-    from prefect_webhooks.delivery.endpoint_admin import adisable, aenable
+    from prefect_webhooks.delivery.endpoints.admin import adisable, aenable
 
     name, position, action = (request.path_params[key] for key in ("name", "position", "action"))
     if action not in ("enable", "disable"):
@@ -246,7 +246,7 @@ async def _messages(engine: Engine, request: Request, session: str) -> Response:
 
 
 async def _message(engine: Engine, blocks: Any, request: Request, session: str) -> Response:
-    from prefect_webhooks.delivery.preview import stored_message_requests
+    from prefect_webhooks.delivery.endpoints.preview import stored_message_requests
     from prefect_webhooks.inbound.admin_api import one_message
     from prefect_webhooks.store.endpoints.destination_changes import destination_generations
     from prefect_webhooks.store.engine.engines import store_key

@@ -8,7 +8,7 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.answers import ACCEPTANCE_BYTES, MASK, REFUSAL_BYTES, answer_excerpt
+from prefect_webhooks.delivery.sending.answers import ACCEPTANCE_BYTES, MASK, REFUSAL_BYTES, answer_excerpt
 from prefect_webhooks.messages.outcomes import FAILED
 from prefect_webhooks.store.engine.engines import get_engine
 from prefect_webhooks.store.log.lookups import MessageQuery, find_messages

@@ -10,7 +10,7 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
-from prefect_webhooks.delivery.circuit import (
+from prefect_webhooks.delivery.sending.circuit import (
     CIRCUIT_OPEN_ERROR,
     CLOSED,
     HALF_OPEN,
@@ -282,7 +282,7 @@ async def test_a_drain_brings_nothing_forward_for_a_probe_but_a_continuous_run_d
 
 
 def test_the_recent_peak_rate_is_the_best_ten_seconds_of_the_last_two_minutes() -> None:
-    from prefect_webhooks.delivery.circuit import SuccessRate
+    from prefect_webhooks.delivery.sending.circuit import SuccessRate
 
     rate = SuccessRate()
     for second in range(1000, 1030):  # 2,000 a second for 30 s, then an outage: nothing

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from prefect_webhooks.delivery.decision import BatchWrites, decide
-from prefect_webhooks.delivery.sender import RequestResult
+from prefect_webhooks.delivery.pacing.decision import BatchWrites, decide
+from prefect_webhooks.delivery.sending.sender import RequestResult
 from prefect_webhooks.messages.outcomes import RETRY
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.queue.outbox import Claimed

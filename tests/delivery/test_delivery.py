@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
-from prefect_webhooks.delivery.sender import display_url
+from prefect_webhooks.delivery.sending.sender import display_url
 from prefect_webhooks.messages.model import parse_message
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.messages.payloads import delete_payload, outbound_payload

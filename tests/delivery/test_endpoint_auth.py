@@ -171,7 +171,7 @@ async def test_a_refused_client_fails_for_good_and_its_secret_is_never_shown(
 
 async def test_token_requests_resume_after_the_pause_and_a_new_secret_starts_afresh(
         fast: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect_webhooks.delivery import auth
+    from prefect_webhooks.delivery.sending import auth
 
     monkeypatch.setattr(auth, "PAUSE_FIRST", 2.0)
     with TokenEndpoint() as server, Receiver() as receiver:

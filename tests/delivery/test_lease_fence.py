@@ -16,10 +16,10 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery import waves as waves_module
-from prefect_webhooks.delivery.batch import process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch
-from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.batches import waves as waves_module
+from prefect_webhooks.delivery.batches.batch import process_batch
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch
+from prefect_webhooks.delivery.sending.destinations import DestinationCache
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engine.engines import get_engine
 from prefect_webhooks.store.queue.ordering import set_ordered

@@ -14,8 +14,8 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.batch import process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch
+from prefect_webhooks.delivery.batches.batch import process_batch
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engine.engines import get_engine

@@ -16,8 +16,8 @@ from sqlalchemy import select, update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.batch import process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch
+from prefect_webhooks.delivery.batches.batch import process_batch
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch
 from prefect_webhooks.messages.outcomes import DELIVERED, THROTTLED_REASON
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.endpoints.states import read_states

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from prefect_webhooks.delivery.retry_wakeups import BURST, GRAIN, LEAD, MOST_KEPT, RetryWakeups
+from prefect_webhooks.delivery.pacing.retry_wakeups import BURST, GRAIN, LEAD, MOST_KEPT, RetryWakeups
 from prefect_webhooks.store.schema.tables import store_now
 
 

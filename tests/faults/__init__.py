@@ -34,7 +34,7 @@ def worker_main() -> None:
     """Deliver until nothing is due for a while (``WORKER_RUN_SECONDS`` at most), then print the stats."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-    from prefect_webhooks.delivery.context import store_call
+    from prefect_webhooks.delivery.pacing.context import store_call
     from prefect_webhooks.settings import get_settings
     from prefect_webhooks.store.queue.outbox import claim_due_deliveries
 

@@ -12,7 +12,7 @@ PR #5685). While parked messages wait, fresh ones queue behind them.
 
 The rate ramps up after a recovery or a ``Retry-After`` pause: it starts at the endpoint's ramp start rate (a share
 of what it took in its best recent seconds, at least the ``ramp_up_start_rate`` setting:
-``delivery.rate_limits.ramp_start_of``) and doubles six times over ``ramp_seconds``, capped by the endpoint's own
+``delivery.pacing.rate_limits.ramp_start_of``) and doubles six times over ``ramp_seconds``, capped by the endpoint's own
 limit; past the ramp an endpoint without a limit has none.
 """
 

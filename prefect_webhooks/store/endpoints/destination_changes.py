@@ -3,7 +3,7 @@
 A process keeps each destination block for ``PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS``. A change a user expects to act at
 once (``endpoint enable`` and ``disable``, a rotated secret, an endpoint delivery disabled) also counts up the
 destination's generation in the store; delivery reads the generations with the endpoint states it reads every second
-(``delivery.shared_state``), and a process that sees a generation it has not seen drops its copy of that
+(``delivery.endpoints.shared_state``), and a process that sees a generation it has not seen drops its copy of that
 block. A change saved elsewhere (the Prefect UI, a script) is seen when the copy ages out, as before.
 """
 

@@ -4,7 +4,7 @@ The claim takes only each user's oldest pending message of an ordered destinatio
 waiting needs 20 claims, one round trip each. A batch that holds such a head may also lease the user's following
 pending messages, in id order, as long as each is due and free: nothing else can claim them meanwhile (the head
 is pending before them), and the batch sends them one after another, stopping at the first that is to be retried
-(``delivery.ordering``). The run of messages taken is contiguous: it stops at the first that is not due (waiting
+(``delivery.pacing.ordering``). The run of messages taken is contiguous: it stops at the first that is not due (waiting
 for a retry or for rate budget) or leased elsewhere.
 """
 

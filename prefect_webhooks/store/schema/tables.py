@@ -69,7 +69,7 @@ class OutboxMessage(SQLModel, table=True):
     lease_expires_at: NaiveDatetime | None = None
     endpoint: str | None = Field(default=None, max_length=32, description=(
         "The one endpoint (its key) this row goes to, for a destination that delivers to each endpoint; every "
-        "endpoint of the destination when unset (``delivery.fan_out``)."))
+        "endpoint of the destination when unset (``delivery.batches.fan_out``)."))
     earlier_attempts: int | None = Field(default=None, description=(
         "Attempts it had before it was sent again (``messages resend``, replay): its record counts them with the new "
         "ones, while ``attempts`` and ``first_attempt_at`` (its retries and deadline) start afresh."))

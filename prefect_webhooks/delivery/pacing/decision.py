@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from prefect_webhooks.delivery.sender import RequestResult, display_url, ends_in_a_retry
-from prefect_webhooks.delivery.stats import DeliveryStats
+from prefect_webhooks.delivery.endpoints.stats import DeliveryStats
+from prefect_webhooks.delivery.sending.sender import RequestResult, display_url, ends_in_a_retry
 from prefect_webhooks.messages.outcomes import (
     DELIVERED,
     PERMANENT,

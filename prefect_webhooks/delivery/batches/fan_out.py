@@ -9,9 +9,9 @@ a message of a one-endpoint destination. A row bound to an endpoint the block no
 
 from __future__ import annotations
 
-from prefect_webhooks.delivery.context import DeliveryContext, store_call
-from prefect_webhooks.delivery.decision import BatchWrites
-from prefect_webhooks.delivery.destinations import ResolvedDestination
+from prefect_webhooks.delivery.pacing.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.pacing.decision import BatchWrites
+from prefect_webhooks.delivery.sending.destinations import ResolvedDestination
 from prefect_webhooks.store.queue.fan_out import split_by_endpoint
 from prefect_webhooks.store.queue.outbox import Claimed
 

@@ -19,11 +19,11 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from prefect_webhooks.delivery.destinations import DestinationCache
-from prefect_webhooks.delivery.retry_wakeups import RetryWakeups
-from prefect_webhooks.delivery.sender import Sender
-from prefect_webhooks.delivery.shared_state import SharedState
-from prefect_webhooks.delivery.stats import DeliveryStats
+from prefect_webhooks.delivery.endpoints.shared_state import SharedState
+from prefect_webhooks.delivery.endpoints.stats import DeliveryStats
+from prefect_webhooks.delivery.pacing.retry_wakeups import RetryWakeups
+from prefect_webhooks.delivery.sending.destinations import DestinationCache
+from prefect_webhooks.delivery.sending.sender import Sender
 from prefect_webhooks.settings import WebhooksSettings, get_settings
 from prefect_webhooks.store.queue.outbox import Claimed
 

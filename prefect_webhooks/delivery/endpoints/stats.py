@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.delivery.sending.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import DELIVERED, RETRY
 
 

@@ -13,8 +13,8 @@ from typing import Any
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.enabling import adisable_positions, aenable_endpoints
 from prefect_webhooks.blocks.saved import load_block
-from prefect_webhooks.delivery.sender import display_url
-from prefect_webhooks.delivery.stats import artifact_key
+from prefect_webhooks.delivery.endpoints.stats import artifact_key
+from prefect_webhooks.delivery.sending.sender import display_url
 from prefect_webhooks.messages.outcomes import DISABLED_REASON
 from prefect_webhooks.store.endpoints.destination_changes import note_destination_changed
 from prefect_webhooks.store.endpoints.states import read_states, reset_health, url_key

@@ -25,15 +25,15 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from prefect_webhooks.delivery.batch import process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, is_store_unavailable, store_call
-from prefect_webhooks.delivery.destinations import DestinationCache
-from prefect_webhooks.delivery.events import wait_for_queued_events
-from prefect_webhooks.delivery.rate_limits import start_ramp
-from prefect_webhooks.delivery.retry_wakeups import LEAD
-from prefect_webhooks.delivery.sender import Sender, display_url
-from prefect_webhooks.delivery.stats import DeliveryStats
-from prefect_webhooks.delivery.task import TaskWindows
+from prefect_webhooks.delivery.batches.batch import process_batch
+from prefect_webhooks.delivery.batches.task import TaskWindows
+from prefect_webhooks.delivery.endpoints.events import wait_for_queued_events
+from prefect_webhooks.delivery.endpoints.stats import DeliveryStats
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch, DeliveryContext, is_store_unavailable, store_call
+from prefect_webhooks.delivery.pacing.rate_limits import start_ramp
+from prefect_webhooks.delivery.pacing.retry_wakeups import LEAD
+from prefect_webhooks.delivery.sending.destinations import DestinationCache
+from prefect_webhooks.delivery.sending.sender import Sender, display_url
 from prefect_webhooks.messages.retry import RetryableDeliveryError
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.engine.engines import get_engine

@@ -29,9 +29,9 @@ from prefect_webhooks.blocks.disabled import disabled_positions
 from prefect_webhooks.blocks.local_copy import LocalCopy
 from prefect_webhooks.blocks.saved import is_missing_block, load_block
 from prefect_webhooks.blocks.validated import InvalidBlockError, describe_problems
-from prefect_webhooks.delivery.batch_bodies import Batching, batching_of
-from prefect_webhooks.delivery.filters import Filters, compile_filters
-from prefect_webhooks.delivery.request_shape import Endpoint, endpoint_of
+from prefect_webhooks.delivery.sending.batch_bodies import Batching, batching_of
+from prefect_webhooks.delivery.sending.filters import Filters, compile_filters
+from prefect_webhooks.delivery.sending.request_shape import Endpoint, endpoint_of
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner
 

@@ -29,8 +29,8 @@ from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 from prefect.tasks import exponential_backoff
 
-from prefect_webhooks.delivery.batch import BatchResult, process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext
+from prefect_webhooks.delivery.batches.batch import BatchResult, process_batch
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch, DeliveryContext
 from prefect_webhooks.messages.retry import JITTER, RetryableDeliveryError, is_retryable_delivery_error
 from prefect_webhooks.settings import WebhooksSettings
 from prefect_webhooks.store.queue.outbox import Claimed

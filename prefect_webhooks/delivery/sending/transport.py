@@ -40,7 +40,7 @@ from typing import Any
 
 import pycurl
 
-from prefect_webhooks.delivery.network import is_blocked_address
+from prefect_webhooks.delivery.sending.network import is_blocked_address
 
 _READING = frozenset({pycurl.POLL_IN, pycurl.POLL_INOUT})
 _WRITING = frozenset({pycurl.POLL_OUT, pycurl.POLL_INOUT})

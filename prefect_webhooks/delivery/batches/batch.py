@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from prefect_webhooks.delivery.batching import hold_for_batch_wait, send_batched, take_batched
-from prefect_webhooks.delivery.context import ClaimedBatch, DeliveryContext, store_call
-from prefect_webhooks.delivery.controls import before_sending
-from prefect_webhooks.delivery.decision import BatchWrites
-from prefect_webhooks.delivery.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
-from prefect_webhooks.delivery.fan_out import bind_to_endpoints
-from prefect_webhooks.delivery.filters import split_filtered
-from prefect_webhooks.delivery.ordering import take_in_order
-from prefect_webhooks.delivery.stats import DeliveryStats, MessageCounts
-from prefect_webhooks.delivery.waves import Waves
+from prefect_webhooks.delivery.batches.batching import hold_for_batch_wait, send_batched, take_batched
+from prefect_webhooks.delivery.batches.fan_out import bind_to_endpoints
+from prefect_webhooks.delivery.batches.waves import Waves
+from prefect_webhooks.delivery.endpoints.stats import DeliveryStats, MessageCounts
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch, DeliveryContext, store_call
+from prefect_webhooks.delivery.pacing.controls import before_sending
+from prefect_webhooks.delivery.pacing.decision import BatchWrites
+from prefect_webhooks.delivery.pacing.ordering import take_in_order
+from prefect_webhooks.delivery.sending.destinations import DestinationNotFound, InvalidDestination, ResolvedDestination
+from prefect_webhooks.delivery.sending.filters import split_filtered
 from prefect_webhooks.messages.outcomes import Filtered, Rescheduled
 from prefect_webhooks.messages.retry import deadline_of
 from prefect_webhooks.signing.headers import message_key_prefix

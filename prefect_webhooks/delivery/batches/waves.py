@@ -32,14 +32,14 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from prefect_webhooks.delivery.batching import retry_together
-from prefect_webhooks.delivery.context import DeliveryContext, store_call
-from prefect_webhooks.delivery.controls import after_sending
-from prefect_webhooks.delivery.decision import BatchWrites, decide
-from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.events import emit_delivery_failed
-from prefect_webhooks.delivery.sender import RequestResult, display_url, ends_in_a_retry
-from prefect_webhooks.delivery.stats import MessageCounts
+from prefect_webhooks.delivery.batches.batching import retry_together
+from prefect_webhooks.delivery.endpoints.events import emit_delivery_failed
+from prefect_webhooks.delivery.endpoints.stats import MessageCounts
+from prefect_webhooks.delivery.pacing.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.pacing.controls import after_sending
+from prefect_webhooks.delivery.pacing.decision import BatchWrites, decide
+from prefect_webhooks.delivery.sending.destinations import ResolvedDestination
+from prefect_webhooks.delivery.sending.sender import RequestResult, display_url, ends_in_a_retry
 from prefect_webhooks.messages.outcomes import DELIVERED, OutcomeRecords
 from prefect_webhooks.messages.retry import JITTER
 from prefect_webhooks.settings import WebhooksSettings

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prefect_webhooks.delivery.context import DeliveryContext
-from prefect_webhooks.delivery.lifecycle import fail_where_all_disabled, observe_health
-from prefect_webhooks.delivery.ordering import hold_back, sync_ordered
-from prefect_webhooks.delivery.rate_limits import Ready, Slots, admit_ready, record_pauses
-from prefect_webhooks.delivery.sender import RequestResult
+from prefect_webhooks.delivery.pacing.context import DeliveryContext
+from prefect_webhooks.delivery.pacing.lifecycle import fail_where_all_disabled, observe_health
+from prefect_webhooks.delivery.pacing.ordering import hold_back, sync_ordered
+from prefect_webhooks.delivery.pacing.rate_limits import Ready, Slots, admit_ready, record_pauses
+from prefect_webhooks.delivery.sending.sender import RequestResult
 from prefect_webhooks.messages.outcomes import OutcomeRecords
 
 

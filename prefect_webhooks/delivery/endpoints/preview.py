@@ -19,10 +19,10 @@ import orjson
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.endpoint_auth import BearerToken
-from prefect_webhooks.delivery.batch_bodies import batch_request, endpoint_batches
-from prefect_webhooks.delivery.destinations import resolve
-from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
-from prefect_webhooks.delivery.sender import display_url
+from prefect_webhooks.delivery.sending.batch_bodies import batch_request, endpoint_batches
+from prefect_webhooks.delivery.sending.destinations import resolve
+from prefect_webhooks.delivery.sending.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
+from prefect_webhooks.delivery.sending.sender import display_url
 from prefect_webhooks.messages.payloads import serialize
 
 PREVIEW_KEY_PREFIX = "msg_preview_"

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from prefect_webhooks.delivery.batch_bodies import cut, item_size
-from prefect_webhooks.delivery.context import DeliveryContext, store_call
-from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.request_shape import Endpoint
-from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.delivery.pacing.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.sending.batch_bodies import cut, item_size
+from prefect_webhooks.delivery.sending.destinations import ResolvedDestination
+from prefect_webhooks.delivery.sending.request_shape import Endpoint
+from prefect_webhooks.delivery.sending.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import THROTTLED_REASON, OutcomeRecords, Rescheduled
 from prefect_webhooks.messages.retry import retry_after_seconds
 from prefect_webhooks.store.endpoints.budget import Admission, Limit, Ramp, admit, release_parked

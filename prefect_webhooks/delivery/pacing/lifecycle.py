@@ -20,12 +20,12 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from prefect_webhooks.blocks.enabling import adisable_endpoint
-from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR
-from prefect_webhooks.delivery.context import DeliveryContext, store_call
-from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.events import emit_endpoint_event, in_background
-from prefect_webhooks.delivery.request_shape import Endpoint
-from prefect_webhooks.delivery.sender import RequestResult, display_url
+from prefect_webhooks.delivery.endpoints.events import emit_endpoint_event, in_background
+from prefect_webhooks.delivery.pacing.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.sending.circuit import CIRCUIT_OPEN_ERROR
+from prefect_webhooks.delivery.sending.destinations import ResolvedDestination
+from prefect_webhooks.delivery.sending.request_shape import Endpoint
+from prefect_webhooks.delivery.sending.sender import RequestResult, display_url
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, Failed, OutcomeRecords
 from prefect_webhooks.store.endpoints.destination_changes import note_destination_changed
 from prefect_webhooks.store.endpoints.states import (

@@ -20,13 +20,13 @@ from urllib.parse import urlsplit
 
 import pycurl
 
-from prefect_webhooks.delivery.answers import answer_excerpt
-from prefect_webhooks.delivery.auth import TokenCache, TokenRequestError
-from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
-from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.network import blocked_reason
-from prefect_webhooks.delivery.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
-from prefect_webhooks.delivery.transport import READ_LIMIT, ClientTls, CurlTransport, TransportError
+from prefect_webhooks.delivery.sending.answers import answer_excerpt
+from prefect_webhooks.delivery.sending.auth import TokenCache, TokenRequestError
+from prefect_webhooks.delivery.sending.circuit import CIRCUIT_OPEN_ERROR, EndpointGuard
+from prefect_webhooks.delivery.sending.destinations import ResolvedDestination
+from prefect_webhooks.delivery.sending.network import blocked_reason
+from prefect_webhooks.delivery.sending.request_shape import AUTHORIZATION_HEADER, Request, shape_requests
+from prefect_webhooks.delivery.sending.transport import READ_LIMIT, ClientTls, CurlTransport, TransportError
 from prefect_webhooks.messages.outcomes import DELIVERED, PERMANENT, RETRY, Attempt
 from prefect_webhooks.messages.retry import RETRY_AFTER_STATUSES, classify_status
 from prefect_webhooks.settings import WebhooksSettings, get_settings
@@ -73,7 +73,7 @@ def ends_in_a_retry(results: Sequence[RequestResult]) -> bool:
 
 class SendProgress(Protocol):
     """What ``Sender.send_all`` tells of a batch's items while it sends them (a batch records its outcomes in waves:
-    ``delivery.waves``)."""
+    ``delivery.batches.waves``)."""
 
     def finished(self, index: int, results: list[RequestResult]) -> None:
         """Item ``index``'s results are final: its requests were answered, or it is not sent (no results)."""

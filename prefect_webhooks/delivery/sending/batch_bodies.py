@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from prefect_webhooks.blocks.destination import DEFAULT_BATCH_BYTES, WebhookDestination
-from prefect_webhooks.delivery.request_shape import Endpoint, Request, shape_requests
+from prefect_webhooks.delivery.sending.request_shape import Endpoint, Request, shape_requests
 from prefect_webhooks.signing.headers import MessageSigner
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from prefect_webhooks.blocks.endpoint import WebhookEndpoint
 from prefect_webhooks.blocks.endpoint_auth import BearerToken, ClientCertificate, OAuth2ClientCredentials
-from prefect_webhooks.delivery.transport import ClientTls
+from prefect_webhooks.delivery.sending.transport import ClientTls
 from prefect_webhooks.messages.mapping import Mapping, compile_mapping
 from prefect_webhooks.signing.headers import MessageSigner
 from prefect_webhooks.signing.signatures import SIGNATURE_HEADER

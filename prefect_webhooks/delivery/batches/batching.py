@@ -20,13 +20,13 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
-from prefect_webhooks.delivery.batch_bodies import Item, batch_request, endpoint_batches, item_size
-from prefect_webhooks.delivery.context import DeliveryContext, store_call
-from prefect_webhooks.delivery.decision import BatchWrites
-from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.rate_limits import Slots, slots_for
-from prefect_webhooks.delivery.request_shape import Endpoint
-from prefect_webhooks.delivery.sender import RequestResult, display_url, run_paced
+from prefect_webhooks.delivery.pacing.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.pacing.decision import BatchWrites
+from prefect_webhooks.delivery.pacing.rate_limits import Slots, slots_for
+from prefect_webhooks.delivery.sending.batch_bodies import Item, batch_request, endpoint_batches, item_size
+from prefect_webhooks.delivery.sending.destinations import ResolvedDestination
+from prefect_webhooks.delivery.sending.request_shape import Endpoint
+from prefect_webhooks.delivery.sending.sender import RequestResult, display_url, run_paced
 from prefect_webhooks.messages.outcomes import Rescheduled
 from prefect_webhooks.store.queue.outbox import Claimed, release_leases
 

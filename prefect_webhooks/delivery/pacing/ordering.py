@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prefect_webhooks.delivery.context import DeliveryContext, store_call
-from prefect_webhooks.delivery.destinations import ResolvedDestination
-from prefect_webhooks.delivery.rate_limits import Slots, limits_of
+from prefect_webhooks.delivery.pacing.context import DeliveryContext, store_call
+from prefect_webhooks.delivery.pacing.rate_limits import Slots, limits_of
+from prefect_webhooks.delivery.sending.destinations import ResolvedDestination
 from prefect_webhooks.store.queue.followers import claim_followers
 from prefect_webhooks.store.queue.ordering import behind_earlier, set_ordered
 from prefect_webhooks.store.queue.outbox import Claimed, release_leases

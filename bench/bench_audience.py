@@ -76,7 +76,7 @@ def phase_sync(workdir: Path, destinations: int) -> dict[str, object]:
     """Child: one ``sync_audience`` call, timed, with its peak RSS."""
     from prefect_webhooks.audiences.snapshots import SqlSnapshot
     from prefect_webhooks.audiences.sync import AudienceDefinition, sync_audience
-    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.engine.engines import get_engine
 
     engine = get_engine(f"sqlite:///{workdir / 'store.db'}")
     definition = AudienceDefinition(

@@ -88,8 +88,8 @@ def worker(client: str, url: str, write_key: str, messages: int) -> dict:
 def _stored(store_url: str) -> int:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.tables import OutboxMessage
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.schema.tables import OutboxMessage
 
     with get_engine(store_url).connect() as connection:
         return connection.execute(select(func.count()).select_from(OutboxMessage.__table__)).scalar_one()

@@ -65,8 +65,8 @@ def random_read_ms(url: str, reads: int = 300) -> float:
 
 def lookups(url: str, users: list[str]) -> list[float]:
     """Milliseconds per lookup of each user's newest 50, in this process."""
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.message_log import find_kept
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.message_log import find_kept
 
     times = []
     with get_engine(url).connect() as connection:
@@ -88,8 +88,8 @@ def main() -> int:
     if args.run:
         print(json.dumps(lookups(args.store, json.loads(Path(args.run).read_text()))))
         return 0
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_filters import seal_log_partitions
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.filters import seal_log_partitions
 
     began = time.perf_counter()
     sealed = seal_log_partitions(get_engine(args.store))  # what serve's pruning pass does; lookups use the filters

@@ -53,9 +53,9 @@ def new_store(base: str, label: str) -> str:
 
 
 def fill_periods(url: str, size: int, batch: int = 20_000) -> float:
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.seen_ids import remember_receipts, seal_periods
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.dedupe.seen_ids import remember_receipts, seal_periods
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.schema.tables import store_now
 
     engine = get_engine(url)
     started = time.monotonic()
@@ -81,8 +81,8 @@ OLD_SCHEMA = {
 def fill_old(url: str, size: int, batch: int = 20_000) -> float:
     from sqlalchemy import text
 
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.schema.tables import store_now
 
     engine = get_engine(url)
     with engine.begin() as connection:
@@ -109,9 +109,9 @@ def call_ids(size: int, batch: int, rng: random.Random) -> list[str]:
 
 
 def time_periods(url: str, size: int, batch: int, calls: int) -> dict:
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.seen_ids import remember_receipts, seen_receipts
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.dedupe.seen_ids import remember_receipts, seen_receipts
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.schema.tables import store_now
 
     engine = get_engine(url)
     rng = random.Random(3)
@@ -128,15 +128,15 @@ def time_periods(url: str, size: int, batch: int, calls: int) -> dict:
             remember_receipts(connection, SOURCE, [(m, now) for m in ids if m not in seen])
         seconds.append(time.perf_counter() - began)
         repeats_found += len(seen)
-    from prefect_webhooks.store.seen_ids import _memory
+    from prefect_webhooks.store.dedupe.seen_ids import _memory
 
     memory = _memory[engine].filters.nbytes
     return {"first": seconds[0], "seconds": seconds[1:], "repeats": repeats_found, "memory": memory}
 
 
 def time_old(url: str, size: int, batch: int, calls: int) -> dict:
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.tables import read_store_time, store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.schema.tables import read_store_time, store_now
 
     engine = get_engine(url)
     rng = random.Random(3)
@@ -173,7 +173,7 @@ def bytes_per_id(url: str, size: int) -> str:
     """SQLite: the store's file (checkpointed) per remembered id; the schema's other tables are a few pages."""
     if not url.startswith("sqlite") or not size:
         return ""
-    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.engine.engines import get_engine
 
     with get_engine(url).connect() as connection:
         connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -198,7 +198,7 @@ def main() -> None:
                         help="fill the previous layout only for windows up to this size (its fill slows as it grows)")
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_WEBHOOKS_HOME", tempfile.mkdtemp(prefix="bench-dedupe-home-"))
-    from prefect_webhooks.store.engines import dispose_engines
+    from prefect_webhooks.store.engine.engines import dispose_engines
 
     print(f"dedupe per call of {args.batch} ids (1 % repeats), {args.calls} calls, store {args.store.split('@')[-1]}")
     for size in args.sizes:

@@ -138,8 +138,8 @@ def fresh_store(folder: Path, name: str) -> str:
 
 def count_delivered(url: str) -> int:
     from prefect_webhooks.messages.outcomes import DELIVERED
-    from prefect_webhooks.store.counters import outcome_totals
-    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.figures.counters import outcome_totals
 
     # The counters, not the messages: delivered ones have left the queue for the log.
     with get_engine(url).connect() as connection:
@@ -161,8 +161,8 @@ async def ours(
     """End to end through the outbox with ``deliver_due`` (no Prefect); messages/s and CPU µs per message."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     enqueue("bench", payloads, engine=get_engine(url))
     options = {"shared_secret": "bench-s3cret-0001", **block_options}
@@ -183,8 +183,8 @@ async def through_flow(
     """End to end through the Prefect ``deliver`` flow (saved block, one task run per batch); as ``ours``."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.flows.deliver import deliver
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     await WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}],
                              shared_secret="bench-s3cret-0001").save("bench", overwrite=True)

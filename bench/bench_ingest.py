@@ -145,8 +145,8 @@ def _cpu_seconds(pid: int) -> float:
 def count_rows(store_url: str, source: str) -> int:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.tables import OutboxMessage
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.schema.tables import OutboxMessage
 
     table = OutboxMessage.__table__
     with get_engine(store_url).connect() as connection:

@@ -49,8 +49,8 @@ LOOKUP_TARGET_MS, PAGE_TARGET_MS = 50, 200
 def prepare(url: str, kept: int) -> int:
     """Build ``kept`` messages of history (none: the store as it is), seal what a pruning pass would, add the
     per-minute counters the console's charts read; returns how many messages the store keeps."""
-    from prefect_webhooks.store.engines import dispose_engines, get_engine
-    from prefect_webhooks.store.log_filters import seal_log_partitions
+    from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
+    from prefect_webhooks.store.log.filters import seal_log_partitions
 
     if kept:
         seconds = build_history(url, kept)
@@ -68,8 +68,8 @@ def probe_requests(url: str, count: int) -> dict[str, list[str]]:
     import random
     from urllib.parse import urlencode
 
-    from prefect_webhooks.store.engines import dispose_engines, get_engine
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
+    from prefect_webhooks.store.schema.tables import store_now
 
     with get_engine(url).connect() as connection:
         sample = sample_kept(connection, count)

@@ -68,18 +68,18 @@ def build_history(
     from prefect_webhooks.messages.outcomes import Attempt
     from prefect_webhooks.messages.payloads import serialize
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.bulk_insert import insert_rows
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_names import name_ids
-    from prefect_webhooks.store.log_partitions import (
+    from prefect_webhooks.store.dedupe.seen_ids import remember_receipts
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.names import name_ids
+    from prefect_webhooks.store.log.partitions import (
         STATE_CODES,
         kept_partitions,
         partition_table,
         partitions_for,
     )
-    from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
-    from prefect_webhooks.store.seen_ids import remember_receipts
-    from prefect_webhooks.store.tables import OutboxMessage, store_now
+    from prefect_webhooks.store.log.records import RecordContent, epoch_ms, pack_record, text_key
+    from prefect_webhooks.store.schema.bulk_insert import insert_rows
+    from prefect_webhooks.store.schema.tables import OutboxMessage, store_now
 
     engine = get_engine(url)
     started = time.monotonic()
@@ -186,8 +186,8 @@ def old_layout_bytes(kept: int, seed: int = 7) -> float:
 
 def log_bytes(url: str) -> tuple[float, int]:
     """Bytes used by the log's partitions, with their indexes (``dbstat``), per kept message; and the count."""
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_partitions import kept_partitions
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.partitions import kept_partitions
 
     engine = get_engine(url)
     with engine.connect() as connection:
@@ -204,8 +204,8 @@ def log_bytes(url: str) -> tuple[float, int]:
 
 def sample_kept(connection: Any, count: int) -> list[Any]:
     """About ``count`` kept messages (``KeptMessage``) to look up, from the oldest six partitions."""
-    from prefect_webhooks.store.log_partitions import kept_partitions
-    from prefect_webhooks.store.message_log import decode_rows
+    from prefect_webhooks.store.log.message_log import decode_rows
+    from prefect_webhooks.store.log.partitions import kept_partitions
 
     sample = []
     for partition in kept_partitions(connection)[:6]:
@@ -216,9 +216,9 @@ def sample_kept(connection: Any, count: int) -> list[Any]:
 
 def lookup_times(url: str, probes: int = 200) -> dict[str, list[float]]:
     """Milliseconds per lookup by messageId, by user (newest 50), and by destination over an hour (newest 50)."""
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.message_log import find_kept
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.message_log import find_kept
+    from prefect_webhooks.store.schema.tables import store_now
 
     engine = get_engine(url)
     rng = random.Random(11)
@@ -246,8 +246,8 @@ def lookup_times(url: str, probes: int = 200) -> dict[str, list[float]]:
 def add_day_of_minute_counts(engine: Any) -> None:
     """24 hours of per-minute counters for each destination (1,440 minutes, three outcomes, three kinds of reason),
     what the console's charts read."""
-    from prefect_webhooks.store.minute_counts import add_minute_outcomes, add_minute_reasons
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.figures.minute_counts import add_minute_outcomes, add_minute_reasons
+    from prefect_webhooks.store.schema.tables import store_now
 
     now = store_now()
     with engine.begin() as connection:
@@ -265,12 +265,12 @@ def console_times(url: str, probes: int = 20) -> dict[str, list[float]]:
     outcomes, three kinds of reason) are added to the store."""
     from prefect_webhooks.console import pages
     from prefect_webhooks.console.charts import outcome_chart
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
-    from prefect_webhooks.store.message_search import Refinement, search_messages
-    from prefect_webhooks.store.metrics import backlog_snapshot
-    from prefect_webhooks.store.minute_counts import minute_series, top_reasons
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.figures.metrics import backlog_snapshot
+    from prefect_webhooks.store.figures.minute_counts import minute_series, top_reasons
+    from prefect_webhooks.store.log.lookups import MessageQuery, find_messages, message_document
+    from prefect_webhooks.store.log.message_search import Refinement, search_messages
+    from prefect_webhooks.store.schema.tables import store_now
 
     engine = get_engine(url)
     add_day_of_minute_counts(engine)
@@ -315,9 +315,9 @@ def console_times(url: str, probes: int = 20) -> dict[str, list[float]]:
 def hot_path_rate(url: str, messages: int, batch: int = 500) -> float:
     """Messages/s through the queue's whole path, enqueue ▶ claim ▶ record delivered (move to the log)."""
     from prefect_webhooks.messages.outcomes import Attempt, Delivered, OutcomeRecords
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue, record_outcomes
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue, record_outcomes
+    from prefect_webhooks.store.schema.tables import store_now
 
     engine = get_engine(url)
     rng = random.Random(3)
@@ -384,9 +384,9 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
         reference = old_layout_bytes(min(kept, 200_000))
         print(f"log size: {per_message:.0f} B per kept message, indexes included ({kept:,} kept); "
               f"reference, the previous release's layout, same history shapes: {reference:.0f} B")
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_filters import seal_log_partitions
-    from prefect_webhooks.store.log_partitions import kept_counts
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.filters import seal_log_partitions
+    from prefect_webhooks.store.log.partitions import kept_counts
 
     kept = kept or sum(kept_counts(get_engine(aged)).values())
     began = time.perf_counter()

@@ -95,7 +95,7 @@ async def drain(folder: Path, name: str, ordered: bool, users: int, per_user: in
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.flows.deliver import deliver
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     os.environ["PREFECT_WEBHOOKS_DATABASE_URL"] = f"sqlite:///{folder / (name + '.db')}"
     get_settings.cache_clear()

@@ -35,9 +35,9 @@ def pass_with_writer(url: str, *, paced: bool) -> str:
     """One pruning pass on ``url`` while a writer commits every 20 ms; its figures as a line."""
     from sqlalchemy import event
 
-    from prefect_webhooks.store import log_partitions
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.retention import RetentionPolicy, prune_store
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log import partitions as log_partitions
+    from prefect_webhooks.store.upkeep.retention import RetentionPolicy, prune_store
 
     engine = get_engine(url)
     long_steps: list[float] = []
@@ -105,7 +105,7 @@ def main() -> int:
         return 0
     from bench_message_log import build_history
 
-    from prefect_webhooks.store.engines import dispose_engines
+    from prefect_webhooks.store.engine.engines import dispose_engines
 
     for label, paced in (("reference (before): back to back, tables dropped whole", False),
                          ("now: paced, tables emptied first", True)):

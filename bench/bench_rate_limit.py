@@ -43,7 +43,7 @@ WORKER = """
 import asyncio, json, os, sys, time
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 blocks = json.loads(os.environ["BENCH_BLOCKS"])
 async def run():
     async with Sender() as sender:
@@ -58,8 +58,8 @@ asyncio.run(run())
 DISCARDER = """
 import sys, time
 from pathlib import Path
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import claim_due_deliveries, release_leases
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, release_leases
 engine, owner, rate, share, counter = get_engine(), sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
 stop, budget, last, sent = time.monotonic() + float(sys.argv[1]), 0.0, time.monotonic(), 0
 while time.monotonic() < stop:
@@ -151,9 +151,9 @@ def pending_due(url: str) -> int:
     from sqlalchemy import func, select
 
     from prefect_webhooks.messages.outcomes import PENDING
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import OUTBOX
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import OUTBOX
+    from prefect_webhooks.store.schema.tables import store_now
 
     with get_engine(url).connect() as connection:
         return connection.execute(
@@ -196,15 +196,15 @@ def steady_state(url: str, recorder: Recorder, seconds: float) -> dict[str, floa
 
 def free_throughput(url: str, sink_url: str, count: int, blocks: dict[str, Any]) -> float:
     """Seconds two delivery processes take for ``count`` messages to an unlimited destination."""
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     enqueue("free", make_payloads(count), engine=get_engine(url))
     started = time.monotonic()
     from sqlalchemy import func, select
 
     from prefect_webhooks.messages.outcomes import DELIVERED
-    from prefect_webhooks.store.outbox import OUTBOX
+    from prefect_webhooks.store.queue.outbox import OUTBOX
 
     while time.monotonic() - started < 300:
         with get_engine(url).connect() as connection:
@@ -218,8 +218,8 @@ def free_throughput(url: str, sink_url: str, count: int, blocks: dict[str, Any])
 
 
 def run_ours(pg: Postgres, args: argparse.Namespace, sink: Sink) -> None:
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     with Recorder() as recorder:
         blocks = {
@@ -262,8 +262,8 @@ def sent_by(counters: list[Path]) -> int:
 
 
 def run_reference(pg: Postgres, args: argparse.Namespace, folder: Path) -> None:
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     url = pg.fresh_database()
     engine = get_engine(url)

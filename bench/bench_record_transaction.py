@@ -5,7 +5,7 @@
 
 Each round queues ``--batch`` messages of the seed's shapes, claims them, and moves them to the message log as a
 delivery worker's ``record_outcomes`` does, alternately with the log rows packed before the transaction
-(``log_rows.pack_ahead``, what the delivery worker does) and packed inside it (the reference: what it did before,
+(``store.log.rows.pack_ahead``, what the delivery worker does) and packed inside it (the reference: what it did before,
 and what every other caller of ``move_to_log`` does). On SQLite the transaction's time is the time every other
 writer waits: the ingest API's group commit among them. Printed: the median of ``--rounds`` rounds each (the first
 of each left out), the packing done ahead, and the whole per message. With ``--store`` the batches go into that
@@ -48,11 +48,11 @@ def main() -> None:
     os.environ["PREFECT_WEBHOOKS_HOME"] = folder
 
     from prefect_webhooks.messages.outcomes import DELIVERED, Attempt
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_rows import Leaving, pack_ahead
-    from prefect_webhooks.store.message_log import move_to_log
-    from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.message_log import move_to_log
+    from prefect_webhooks.store.log.rows import Leaving, pack_ahead
+    from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue
+    from prefect_webhooks.store.schema.tables import store_now
 
     print(f"{cpu_reference()}; store {'given' if args.store else 'fresh'}, batches of {args.batch:,}")
     engine = get_engine(url)

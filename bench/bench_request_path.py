@@ -22,19 +22,19 @@ Candidates (each does what delivery needs per request: method, headers, a total 
 start (at most 1 KB read where the client can bound it), ``Retry-After`` on 429/503):
 
 - ``shape-only``: the shared per-request work alone (signature, header dict), no request: what is not the client's;
-- ``aiohttp-session``: ``ClientSession.request`` as ``delivery/sender.py`` used it until delivery moved to pycurl
-  (b9ea458; the reference the ratios are taken against): TCPConnector, DummyCookieJar, ``auto_decompress=False``,
+- ``aiohttp-session``: ``ClientSession.request`` as ``delivery/sending/sender.py`` used it until delivery moved to
+  pycurl (b9ea458; the reference the ratios are taken against): TCPConnector, DummyCookieJar, ``auto_decompress=False``,
   ``ClientTimeout(total=5)``, ``allow_redirects=False``, ``ssl=True``, body read whole;
 - ``aiohttp-request``: aiohttp's layer under the session: ``ClientRequest`` + ``TCPConnector.connect`` +
   ``req.send`` / ``resp.start`` / ``resp.content.read(1024)`` + ``release``, a total timeout by ``asyncio.timeout``
   (what ``ClientSession._request`` does without cookies, redirects, tracing, middlewares and its timer);
 - ``protocol-httptools`` (a floor, not a candidate: a client of our own): an ``asyncio.Protocol`` per connection,
   the request bytes joined by hand, httptools' llhttp parser (C) for the answer, an idle-connection list;
-- ``pycurl-transport``: delivery's request path, the package's ``CurlTransport`` (``delivery/transport.py``:
+- ``pycurl-transport``: delivery's request path, the package's ``CurlTransport`` (``delivery/sending/transport.py``:
   libcurl's multi interface on the event loop, ``socket_action`` from ``loop.add_reader`` / ``add_writer`` and one
-  loop timer, after Tornado's ``curl_httpclient``), made and called as ``delivery/sender.py`` does: one transport,
-  ``timeout`` 5 s, keep-alive 30 s, ``connections`` the concurrency, ``await transport.request("POST", url, body,
-  headers)``, ``answer.header(b"retry-after")`` on 429/503; the answer bounded by delivery's ``READ_LIMIT``
+  loop timer, after Tornado's ``curl_httpclient``), made and called as ``delivery/sending/sender.py`` does: one
+  transport, ``timeout`` 5 s, keep-alive 30 s, ``connections`` the concurrency, ``await transport.request("POST", url,
+  body, headers)``, ``answer.header(b"retry-after")`` on 429/503; the answer bounded by delivery's ``READ_LIMIT``
   (64 KiB), the private-network guard off (its default; the receiver is on loopback). Importing the package loads
   Prefect (seconds of CPU): the candidate's process does it before the warm-up, and then holds Prefect's modules
   (the garbage collector set as for every other candidate: the delivery worker's ``tune_gc_for_serving`` is not
@@ -299,9 +299,9 @@ async def protocol_httptools(url: str, concurrency: int, shape: Callable) -> Asy
 
 @contextlib.asynccontextmanager
 async def pycurl_transport(url: str, concurrency: int, shape: Callable) -> AsyncIterator[Send]:
-    """Delivery's request path: the package's ``CurlTransport``, made and called as ``delivery/sender.py`` does."""
+    """Delivery's request path: ``CurlTransport``, made and called as ``delivery/sending/sender.py`` does."""
     # Importing the package loads Prefect (seconds of CPU): done here, before the warm-up and the measured requests.
-    from prefect_webhooks.delivery.transport import CurlTransport
+    from prefect_webhooks.delivery.sending.transport import CurlTransport
 
     # The guard stays off, as by default: the receiver is on loopback.
     transport = CurlTransport(timeout=TIMEOUT, keepalive_seconds=30, connections=concurrency)

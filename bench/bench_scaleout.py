@@ -35,7 +35,7 @@ from bench_stores import Postgres  # noqa: E402
 async def _worker(sink_url: str) -> dict:
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, Sender, deliver_due
-    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.engine.engines import get_engine
 
     block = WebhookDestination(endpoints=[{"url": sink_url, "headers": {"X-Api-Key": "k"}}],
                                shared_secret="bench-s3cret-0001")
@@ -56,8 +56,8 @@ def worker_main(sink_url: str) -> None:
 
 def run_config(postgres: Postgres, sink_url: str, messages: int, workers: int) -> tuple[float, list[dict]]:
     """Messages/s of ``workers`` processes draining ``messages`` from a fresh database, and each worker's stats."""
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     url = postgres.fresh_database()
     engine = get_engine(url)
@@ -88,8 +88,8 @@ def run_config(postgres: Postgres, sink_url: str, messages: int, workers: int) -
 
 def count_delivered(url: str) -> int:
     from prefect_webhooks.messages.outcomes import DELIVERED
-    from prefect_webhooks.store.counters import outcome_totals
-    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.figures.counters import outcome_totals
 
     # The counters, not the messages: delivered ones have left the queue for the log.
     with get_engine(url).connect() as connection:

@@ -98,9 +98,9 @@ def child(root: str, messages: int, store: str) -> dict[str, Any]:
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
     from prefect_webhooks.messages.outcomes import PENDING
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.lookups import find_messages
-    from prefect_webhooks.store.outbox import OUTBOX, enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.lookups import find_messages
+    from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 
     assert Path(prefect_webhooks.__file__).resolve().is_relative_to(Path(root).resolve()), prefect_webhooks.__file__
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True)

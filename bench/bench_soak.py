@@ -282,9 +282,9 @@ def old_rows_left(url: str) -> int:
     """Kept messages that finished more than a day ago (the history ``synthesize_history(old=True)`` built)."""
     from datetime import timedelta
 
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_partitions import kept_partitions
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.partitions import kept_partitions
+    from prefect_webhooks.store.schema.tables import store_now
 
     with get_engine(url).connect() as connection:
         old = [p for p in kept_partitions(connection) if p.ends_at <= store_now() - timedelta(days=1)]
@@ -365,8 +365,8 @@ def health_times(url: str, count: int = 40) -> list[float]:
 
 def status_times(url: str, count: int = 40) -> list[float]:
     """What ``prefect-webhooks status`` does after its imports (read the store, build the table), ``count`` times."""
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.metrics import backlog_snapshot, status_table
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.figures.metrics import backlog_snapshot, status_table
 
     engine = get_engine(url)
     times = []
@@ -379,8 +379,8 @@ def status_times(url: str, count: int = 40) -> list[float]:
 
 def kept_messages(url: str) -> int:
     """How many messages the store keeps, as ``prefect-webhooks status`` reports it."""
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_partitions import kept_counts
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.partitions import kept_counts
 
     return sum(kept_counts(get_engine(url)).values())
 

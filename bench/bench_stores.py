@@ -60,7 +60,7 @@ class Postgres:
             # A server that was already running keeps running, without this run's databases.
             import psycopg
 
-            from prefect_webhooks.store.engines import dispose_engines
+            from prefect_webhooks.store.engine.engines import dispose_engines
 
             dispose_engines()
             assert self.url
@@ -84,9 +84,9 @@ def fresh_store(kind: str, workdir: Path, postgres: Postgres | None, name: str) 
 def store_counts(url: str) -> dict[str, int]:
     from sqlalchemy import func, select
 
-    from prefect_webhooks.store.counters import outcome_totals
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import OUTBOX
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.figures.counters import outcome_totals
+    from prefect_webhooks.store.queue.outbox import OUTBOX
 
     # Outcomes from the counters (finished messages have left the queue for the log), pending from the queue.
     with get_engine(url).connect() as connection:
@@ -119,8 +119,8 @@ def pending_count(url: str) -> int:
     from sqlalchemy import func, select
 
     from prefect_webhooks.messages.outcomes import PENDING
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import OUTBOX
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import OUTBOX
 
     with get_engine(url).connect() as connection:
         return connection.execute(select(func.count()).where(OUTBOX.c.state == PENDING)).scalar_one()

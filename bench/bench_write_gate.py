@@ -1,5 +1,5 @@
 """SQLite's one writer shared by several processes: its busy handler's polls (the reference) against the store's
-write gate (``prefect_webhooks/store/write_gate.py``), in the same run.
+write gate (``prefect_webhooks/store/engine/write_gate.py``), in the same run.
 
 Each process loops: a write transaction (one insert, ``--hold-ms`` of Python work while it holds the lock, as the
 delivery worker packs records inside its record transaction, then 50 rows more and the commit) and a random pause
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from prefect_webhooks.store.write_gate import GatedConnection
+from prefect_webhooks.store.engine.write_gate import GatedConnection
 
 CASES = ((2, 3.0, 10.0), (3, 3.0, 10.0), (3, 5.0, 5.0), (4, 3.0, 10.0))
 

@@ -24,9 +24,9 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prefect_webhooks.messages.outcomes import PENDING
-from prefect_webhooks.store.engines import get_engine, insert_rows
-from prefect_webhooks.store.seen_ids import remember_receipts
-from prefect_webhooks.store.tables import OutboxMessage, store_now
+from prefect_webhooks.store.dedupe.seen_ids import remember_receipts
+from prefect_webhooks.store.engine.engines import get_engine, insert_rows
+from prefect_webhooks.store.schema.tables import OutboxMessage, store_now
 from prefect_webhooks.utilities.runtime import tune_gc_for_serving  # noqa: E402
 
 OUTBOX = OutboxMessage.__table__

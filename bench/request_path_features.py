@@ -6,9 +6,9 @@ Companion of ``bench_request_path.py`` (which measures their CPU per request): l
 ``trustme`` CAs, in a thread of this process (HTTPS with ALPN h2 + http/1.1; HTTPS demanding a client certificate;
 HTTPS with a certificate of a CA nobody trusts; plain HTTP; a listener whose backlog is full, where a connect hangs),
 and for each client one line per feature: ``yes`` / ``no``, and how (or what failed). The pycurl column is the
-package's own ``CurlTransport`` (``delivery/transport.py``), made and called as ``delivery/sender.py`` does: one
-transport for every endpoint, ``ClientTls`` per endpoint, ``tls_ca_file``, ``block_private_networks``, ``limit``
-(``READ_LIMIT`` by default), one ``timeout``, failures read from ``TransportError`` (``certificate_refused``,
+package's own ``CurlTransport`` (``delivery/sending/transport.py``), made and called as ``delivery/sending/sender.py``
+does: one transport for every endpoint, ``ClientTls`` per endpoint, ``tls_ca_file``, ``block_private_networks``,
+``limit`` (``READ_LIMIT`` by default), one ``timeout``, failures read from ``TransportError`` (``certificate_refused``,
 ``client_certificate_unusable``, ``timed_out``, ``blocked``) in the sender's order; the concurrency bounded by the
 caller's slots, as the sender's. pyreqwest (the runner-up) is configured per endpoint (``ClientBuilder``), one
 client per endpoint.
@@ -265,9 +265,10 @@ def system_store(file: str | None = None, folder: str | None = None) -> Iterator
 
 
 class PycurlEndpoints:
-    """pycurl: the package's ``CurlTransport`` (``delivery/transport.py``), made and called as ``delivery/sender.py``
-    does: one transport (one CurlMulti, one connection cache) for every endpoint, an endpoint's client certificate
-    as its ``ClientTls``, the concurrency bounded by the caller's slots (the transport does not queue).
+    """pycurl: the package's ``CurlTransport`` (``delivery/sending/transport.py``), made and called as
+    ``delivery/sending/sender.py`` does: one transport (one CurlMulti, one connection cache) for every endpoint, an
+    endpoint's client certificate as its ``ClientTls``, the concurrency bounded by the caller's slots (the transport
+    does not queue).
 
     ``system_dir``, when given, stands for the system store (``SSL_CERT_DIR``, the real ``SSL_CERT_FILE`` named
     nothing) while the transport is made: it reads the store once, there. ``connect_timeout`` is not the
@@ -281,7 +282,7 @@ class PycurlEndpoints:
                  resolve: list[str] | None = None, limit: int | None = None) -> None:
         import pycurl
 
-        from prefect_webhooks.delivery.transport import READ_LIMIT, ClientTls, CurlTransport, TransportError
+        from prefect_webhooks.delivery.sending.transport import READ_LIMIT, ClientTls, CurlTransport, TransportError
 
         self.client_tls, self.transport_error = ClientTls, TransportError
         self.limit = READ_LIMIT if limit is None else limit
@@ -384,8 +385,8 @@ class PyreqwestEndpoints:
             pinned = dict(entry.split(":", 1) for entry in s["resolve"])
             addresses = [pinned[host]] if host in pinned else sorted(
                 {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
-            # The guard's own test of an address (delivery/network.py), as CurlTransport asks it.
-            from prefect_webhooks.delivery.network import blocked_reason, is_blocked_address
+            # The guard's own test of an address (delivery/sending/network.py), as CurlTransport asks it.
+            from prefect_webhooks.delivery.sending.network import blocked_reason, is_blocked_address
 
             refusals = [blocked_reason(host, address) for address in addresses if is_blocked_address(address)]
             if refusals:
@@ -551,7 +552,7 @@ async def check(kind: str, servers: Servers, folder: Path) -> list[tuple[str, bo
 
     # --- bounded read of a huge answer
     if kind == "pycurl":
-        from prefect_webhooks.delivery.transport import READ_LIMIT
+        from prefect_webhooks.delivery.sending.transport import READ_LIMIT
 
         # Delivery's limit (READ_LIMIT, the transport's default) and a 1 KB one (limit=).
         reads = [(both, READ_LIMIT), (PycurlEndpoints(ca_file=ca_file, system_dir=system_dir, limit=1024), 1024)]

@@ -23,7 +23,7 @@ from prefect.utilities.context import get_task_and_flow_run_ids
 from prefect_webhooks.blocks.api_status import PrefectApiUnavailable, prefect_api
 from prefect_webhooks.blocks.rotation import afinish_rotations
 from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, current_shift, deliver_due
-from prefect_webhooks.delivery.stats import artifact_key, filtered_artifact_key
+from prefect_webhooks.delivery.endpoints.stats import artifact_key, filtered_artifact_key
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.utilities.sync_flows import sync_compatible
 from prefect_webhooks.utilities.tagged_flows import tagged

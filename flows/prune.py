@@ -19,7 +19,7 @@ from prefect.logging import get_run_logger
 
 from prefect_webhooks.flows.old_runs import RunsRemoved, remove_old_runs
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.retention import PruneReport, prune_store
+from prefect_webhooks.store.upkeep.retention import PruneReport, prune_store
 from prefect_webhooks.utilities.sync_flows import sync_compatible
 from prefect_webhooks.utilities.tables import table_text
 from prefect_webhooks.utilities.tagged_flows import tagged

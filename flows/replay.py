@@ -15,8 +15,8 @@ from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact,
 from prefect.logging import get_run_logger
 
 from prefect_webhooks.blocks.enabling import adestinations_with_url
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.replay import DEFAULT_CHUNK, ReplaySelection, count_selected, replay_chunks
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.replay import DEFAULT_CHUNK, ReplaySelection, count_selected, replay_chunks
 from prefect_webhooks.utilities.sync_flows import sync_compatible
 from prefect_webhooks.utilities.tagged_flows import tagged
 

@@ -5,8 +5,9 @@ The package has one folder per stage of the data flow, each importing only from 
 - ``messages``: the vocabulary every stage shares (inbound call model, timestamps, outbound bodies, outcomes, retry);
 - ``signing``: signatures and the headers that carry them;
 - ``blocks``: what users save (sources, destinations, endpoints, filter rules);
-- ``store``: tables, the outbox, metrics;
-- ``client`` (the Analytics client), ``inbound`` (the ingest API and ingestion path), ``delivery`` (the engine),
+- ``store``: the queue, the message log, the dedupe and what they stand on, one folder per mechanism;
+- ``client`` (the Analytics client), ``inbound`` (the ingest API and ingestion path), ``delivery`` (the engine:
+  sending, endpoints, pacing, batches),
   ``audiences`` and ``deletions``: the stages that put messages into the store or take them out;
 - ``flows`` and ``deployments``: the Prefect flows and their deployments; ``serving``: ``prefect-webhooks serve``;
   ``demo``: the main job end to end.

@@ -166,9 +166,9 @@ def status(
     """
     from prefect_webhooks.commands.opened_store import opened_store
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.log_partitions import kept_counts
-    from prefect_webhooks.store.metrics import backlog_snapshot, health_document, prometheus_text, status_table
-    from prefect_webhooks.store.seen_ids import remembered_ids
+    from prefect_webhooks.store.dedupe.seen_ids import remembered_ids
+    from prefect_webhooks.store.figures.metrics import backlog_snapshot, health_document, prometheus_text, status_table
+    from prefect_webhooks.store.log.partitions import kept_counts
 
     engine = opened_store("status")
     print(f"store: {get_settings().store.location()}",
@@ -251,7 +251,7 @@ def prune(
     from prefect_webhooks.utilities.tables import table_text
 
     if store_only:
-        from prefect_webhooks.store.retention import prune_store
+        from prefect_webhooks.store.upkeep.retention import prune_store
 
         report = prune_store()
         if not report.skipped:
@@ -277,7 +277,7 @@ def preview(
     """Print the exact requests (method, URL, headers, signatures, body) a destination would make for a message,
     without sending anything; secret header values are masked."""
     from prefect_webhooks.blocks.destination import WebhookDestination
-    from prefect_webhooks.delivery.preview import check_messages, preview_requests
+    from prefect_webhooks.delivery.endpoints.preview import check_messages, preview_requests
     exit_without_prefect_api("preview")
     try:
         text = sys.stdin.read() if str(message) == "-" else message.read_text(encoding="utf-8")

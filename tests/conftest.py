@@ -15,7 +15,7 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import dispose_engines, get_engine
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
 from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 from tests.leaked_processes import leaked_processes, mark_session
 from tests.receivers import Receiver

@@ -1,6 +1,6 @@
 """What a test reads back from a store: every message, queued or kept, and every attempt, in one shape.
 
-The queue (``outbox``) holds pending messages and the message log the others (``store.message_log``); a test that
+The queue (``outbox``) holds pending messages and the message log the others (``store.log.message_log``); a test that
 asks "what happened to each message" reads both through these, never one table.
 """
 
@@ -14,10 +14,10 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.messages.outcomes import Attempt
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.lookups import StoredMessage, find_messages
-from prefect_webhooks.store.message_log import find_kept
-from prefect_webhooks.store.tables import DeliveryAttempt, OutboxMessage
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.lookups import StoredMessage, find_messages
+from prefect_webhooks.store.log.message_log import find_kept
+from prefect_webhooks.store.schema.tables import DeliveryAttempt, OutboxMessage
 
 OUTBOX = OutboxMessage.__table__
 ATTEMPTS = DeliveryAttempt.__table__
@@ -81,9 +81,9 @@ def finish(
 ) -> int:
     """Give queued messages an outcome as delivery would (moved to the log at ``at``, now by default); returns how
     many moved."""
-    from prefect_webhooks.store.log_rows import Leaving
-    from prefect_webhooks.store.message_log import move_to_log
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.log.message_log import move_to_log
+    from prefect_webhooks.store.log.rows import Leaving
+    from prefect_webhooks.store.schema.tables import store_now
 
     at = at or store_now()
     with _engine(store).begin() as connection:

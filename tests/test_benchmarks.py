@@ -129,7 +129,7 @@ def test_history_spreads_over_the_span_it_is_given(tmp_path: Path) -> None:
     assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
     from sqlalchemy import create_engine
 
-    from prefect_webhooks.store.log_partitions import kept_partitions
+    from prefect_webhooks.store.log.partitions import kept_partitions
 
     with create_engine(store).connect() as connection:
         for kind, span in (("delivered", 600), ("failed", 4200)):
@@ -146,9 +146,9 @@ def test_the_capacity_check_waits_for_outcomes_the_receiver_has_before_the_store
     import threading
 
     from prefect_webhooks.messages.outcomes import Attempt, Delivered, OutcomeRecords
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue, record_outcomes
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue, record_outcomes
+    from prefect_webhooks.store.schema.tables import store_now
 
     sys.path.insert(0, str(BENCH))
     try:

@@ -18,7 +18,7 @@ import pytest
 import typer
 
 from prefect_webhooks.cli import app, main
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 from tests.docs_pages import page, section
 from tests.servers import free_port
 
@@ -220,8 +220,8 @@ def test_status_help_names_the_store() -> None:
 
 
 def test_prune_store_only_prints_what_it_removed(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     enqueue("crm", [{"type": "track", "userId": "u", "event": "E"}])
     assert main(["prune", "--store-only"]) == 0
@@ -356,7 +356,7 @@ def test_messages_list_and_show_find_queued_and_kept_messages_with_their_attempt
     missing = subprocess.run([_script(), "messages", "list"], env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "messages list: no store at" in missing.stderr
 
-    from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
+    from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_rows
 
     engine = get_engine(f"sqlite:///{tmp_path / 'store' / 'webhooks.db'}")
     with engine.begin() as connection:
@@ -405,8 +405,8 @@ def test_messages_show_request_prints_the_request_as_sent_with_secrets_masked(pr
     from prefect.settings import PREFECT_API_URL
 
     from prefect_webhooks.blocks.destination import WebhookDestination
-    from prefect_webhooks.store.engines import store_key
-    from prefect_webhooks.store.outbox import enqueue
+    from prefect_webhooks.store.engine.engines import store_key
+    from prefect_webhooks.store.queue.outbox import enqueue
 
     WebhookDestination(endpoints=[{"url": "https://user:pa55word-9@a.example.com/in?token=q-secret-1",
                                    "headers": {"X-Api-Key": "k3y-0123456789"}}],

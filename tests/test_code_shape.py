@@ -29,6 +29,12 @@ STAGE_ORDER = (
     ("commands",),
     ("cli",),
 )
+# The mechanisms inside the two largest stages, lowest first (each sub-package's ``__init__`` says what it takes in
+# and hands on). A module imports only from its own mechanism or a lower one, so no two mechanisms form a cycle.
+MECHANISM_ORDER = {
+    "store": ("schema", "log", "dedupe", "engine", "figures", "endpoints", "queue", "upkeep"),
+    "delivery": ("sending", "endpoints", "pacing", "batches"),
+}
 # The only modules directly under prefect_webhooks/: the package's entry points. ``__init__`` (the public names),
 # ``settings`` (every stage reads it; users set it), ``cli`` (the console script). ``blocks`` is a folder, the
 # entry point Prefect's collections registry imports.
@@ -57,7 +63,7 @@ def signature_lines(name: str, methods: list[str]) -> list[int]:
 
 def test_no_module_is_longer_than_the_limit() -> None:
     modules = package_modules()
-    assert "prefect_webhooks/delivery/claims.py" in modules  # the walk reaches subpackages
+    assert "prefect_webhooks/delivery/batches/claims.py" in modules  # the walk reaches subpackages
     offenders = {name: len(lines) for name, lines in modules.items() if len(lines) > MAX_LINES}
     assert offenders == {}, f"modules over {MAX_LINES} lines: {offenders}"
 
@@ -144,7 +150,7 @@ def test_no_import_runs_up_the_stages() -> None:
             source_stage, target_stage = stage_of(module), stage_of(target)
             if source_stage != target_stage and level[target_stage] >= level[source_stage]:
                 upward.append(f"{module} -> {target}")
-    assert "prefect_webhooks.delivery.claims" in internal_imports()
+    assert "prefect_webhooks.delivery.batches.claims" in internal_imports()
     assert sorted(upward) == []
 
 
@@ -166,4 +172,67 @@ def test_no_import_cycles() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
+    assert cycles == []
+
+
+def mechanism_of(module: str) -> tuple[str, str] | None:
+    """(stage, mechanism) of a module inside store/ or delivery/; None for any other, and for the stages' own
+    ``__init__``, which gathers the public names of every mechanism."""
+    parts = module.split(".")
+    return (parts[1], parts[2]) if len(parts) > 3 and parts[1] in MECHANISM_ORDER else None
+
+
+def test_every_module_of_store_and_delivery_sits_in_a_listed_mechanism() -> None:
+    for stage, mechanisms in MECHANISM_ORDER.items():
+        loose = {path.name for path in (ROOT / "prefect_webhooks" / stage).glob("*.py")} - {"__init__.py"}
+        assert loose == set(), f"{stage}/ modules outside a mechanism folder: {sorted(loose)}"
+        folders = {path.parent.name for path in (ROOT / "prefect_webhooks" / stage).glob("*/__init__.py")}
+        assert folders == set(mechanisms), f"{stage}/ folders and MECHANISM_ORDER differ"
+
+
+def test_each_mechanism_lists_its_modules() -> None:
+    # Its __init__'s docstring names every module once, one line each (``- ``name``: ...``), in reading order.
+    for stage, mechanisms in MECHANISM_ORDER.items():
+        for mechanism in mechanisms:
+            folder = ROOT / "prefect_webhooks" / stage / mechanism
+            docstring = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+            listed = re.findall(r"^- ``(\w+)``", docstring, re.M)
+            modules = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+            assert sorted(listed) == sorted(modules), f"{stage}/{mechanism}/__init__.py lists {listed}"
+
+
+def test_no_import_runs_up_the_mechanisms() -> None:
+    upward = []
+    for module, imported in internal_imports().items():
+        source = mechanism_of(module)
+        for target in imported:
+            aimed = mechanism_of(target)
+            if source and aimed and source[0] == aimed[0]:
+                order = MECHANISM_ORDER[source[0]]
+                if order.index(aimed[1]) > order.index(source[1]):
+                    upward.append(f"{module} -> {target}")
+    assert "prefect_webhooks.store.queue.outbox" in internal_imports()
+    assert sorted(upward) == []
+
+
+def test_no_cycle_between_mechanisms() -> None:
+    arrows: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+    for module, imported in internal_imports().items():
+        source = mechanism_of(module)
+        for target in imported:
+            aimed = mechanism_of(target)
+            if source and aimed and aimed != source:
+                arrows[source].add(aimed)
+    assert arrows[("store", "queue")]  # the graph is there to walk
+    cycles = []
+
+    def walk(mechanism: tuple[str, str], path: list[tuple[str, str]]) -> None:
+        for target in sorted(arrows[mechanism]):
+            if target in path:
+                cycles.append(" -> ".join("/".join(step) for step in [*path[path.index(target):], mechanism, target]))
+            else:
+                walk(target, [*path, mechanism])
+
+    for mechanism in sorted(arrows):
+        walk(mechanism, [])
     assert cycles == []

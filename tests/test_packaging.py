@@ -97,7 +97,7 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
                 for folder in PACKAGE_FOLDERS
                 for path in (ROOT / folder).rglob("*")
                 if path.suffix in {".py", ".yaml"} and "__pycache__" not in path.parts}
-    assert "prefect_webhooks/delivery/claims.py" in expected and "prefect_webhooks/flows/deliver.py" in expected
+    assert "prefect_webhooks/delivery/batches/claims.py" in expected and "prefect_webhooks/flows/deliver.py" in expected
     assert sorted(expected - set(names)) == []
 
 

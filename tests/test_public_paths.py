@@ -68,6 +68,58 @@ def test_a_moved_module_is_importable_by_its_old_path(old: str, new: str) -> Non
     assert module.__spec__.name == f"prefect_webhooks.{new}"  # the successor keeps its own spec
 
 
+# Every module store/ and delivery/ held before they were grouped by mechanism (removed on 2027-06-01).
+FLAT_STORE = [
+    "budget", "bulk_insert", "checkpointer", "clock", "counters", "destination_changes", "endpoint_counters",
+    "endpoint_states", "engines", "fan_out", "file_modes", "followers", "footprint", "kept_purges", "key_filters",
+    "leases", "log_filters", "log_names", "log_partitions", "log_records", "log_rows", "log_statements", "lookups",
+    "message_log", "message_search", "metrics", "minute_counts", "ordering", "outbox", "pacing", "replay",
+    "retention", "seen_ids", "tables", "upgrades", "write_gate",
+]
+FLAT_DELIVERY = [
+    "answers", "auth", "batch", "batch_bodies", "batching", "circuit", "claims", "context", "controls", "decision",
+    "destinations", "endpoint_admin", "events", "fan_out", "filters", "lifecycle", "network", "ordering", "preview",
+    "rate_limits", "request_shape", "retry_wakeups", "sender", "shared_state", "stats", "task", "transport", "waves",
+]
+FLAT_PATHS = [f"store.{name}" for name in FLAT_STORE] + [f"delivery.{name}" for name in FLAT_DELIVERY]
+
+
+def test_every_flat_store_and_delivery_module_has_moved() -> None:
+    assert len(FLAT_STORE) == 36 and len(FLAT_DELIVERY) == 28
+    missing = [old for old in FLAT_PATHS if old not in MOVED_MODULES]
+    assert missing == []
+    for old in FLAT_PATHS:
+        package, _, name = old.partition(".")
+        assert not (ROOT / "prefect_webhooks" / package / f"{name}.py").exists(), old  # the folder holds mechanisms
+        # Its successor sits one folder down, in the same stage.
+        assert MOVED_MODULES[old].split(".")[0] == package and MOVED_MODULES[old].count(".") == 2, old
+
+
+@pytest.mark.parametrize("old", FLAT_PATHS)
+def test_an_old_store_or_delivery_path_gives_the_same_module(old: str) -> None:
+    new = f"prefect_webhooks.{MOVED_MODULES[old]}"
+    successor = importlib.import_module(new)
+    assert Path(successor.__file__).parent.parent.name == old.partition(".")[0]
+    sys.modules.pop(f"prefect_webhooks.{old}", None)
+    with pytest.warns(DeprecationWarning, match=new):
+        module = importlib.import_module(f"prefect_webhooks.{old}")
+    assert module is successor
+    package, _, name = old.partition(".")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        exec(f"from prefect_webhooks.{package} import {name} as found", namespace := {})  # the other spelling
+    assert namespace["found"] is successor
+
+
+def test_an_old_dotted_path_runs_with_python_dash_m() -> None:
+    spec = MovedModuleFinder().find_spec("prefect_webhooks.store.log_rows")
+    assert spec is not None and spec.loader is not None
+    assert spec.loader.get_code("prefect_webhooks.store.log_rows").co_filename.endswith(str(Path("log", "rows.py")))
+    answer = subprocess.run([sys.executable, "-W", "ignore", "-m", "prefect_webhooks.store.pacing"],
+                            capture_output=True, text=True, timeout=60)
+    assert answer.returncode == 0, answer.stderr
+
+
 @pytest.mark.parametrize("dotted", [
     "prefect_webhooks.messages.Track",
     "prefect_webhooks.messages.parse_message",

@@ -37,9 +37,9 @@ from prefect_webhooks.inbound import sources
 from prefect_webhooks.inbound.sources import SourceInfo, SourceRegistry
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.lookups import MessageQuery, find_messages, message_document
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.receivers import Receiver
 from tests.servers import ROOT, IngestServer, _wait_healthy, free_port, ingest_api_process, save_source
 from tests.stored import every_message

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Connection
 
 from prefect_webhooks.audiences.snapshots import canonical_text
-from prefect_webhooks.store.tables import AudienceState
+from prefect_webhooks.store.schema.tables import AudienceState
 from prefect_webhooks.utilities.runtime import lazy_module
 
 np = lazy_module("numpy")

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from prefect_webhooks.audiences.definition import AudienceDefinition, AudienceError
 from prefect_webhooks.audiences.naming import snake_case
-from prefect_webhooks.store.tables import Audience, AudienceState, store_now
+from prefect_webhooks.store.schema.tables import Audience, AudienceState, store_now
 
 AUDIENCES = Audience.__table__
 STATE = AudienceState.__table__

@@ -54,9 +54,9 @@ from prefect_webhooks.audiences.registry import (
 from prefect_webhooks.audiences.snapshots import SnapshotError, load_snapshot, reading_for, validate_snapshot
 from prefect_webhooks.messages.payloads import identify_payload
 from prefect_webhooks.messages.timestamps import utcnow
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store.tables import AudienceState, SuppressedUser, to_store_time
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.store.schema.tables import AudienceState, SuppressedUser, to_store_time
 
 if TYPE_CHECKING:
     import pandas as pd

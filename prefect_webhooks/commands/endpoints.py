@@ -22,7 +22,7 @@ def endpoint_list(destination: Annotated[str, typer.Argument(help="Name of the W
     """Show each endpoint of a destination: rate limit, enabled or disabled, failures in a row."""
     import asyncio
 
-    from prefect_webhooks.delivery.endpoint_admin import endpoint_views
+    from prefect_webhooks.delivery.endpoints.admin import endpoint_views
     from prefect_webhooks.utilities.tables import table_text
 
     exit_without_prefect_api("endpoint list")
@@ -45,7 +45,7 @@ def endpoint_enable(
     """Enable disabled endpoints again (all of them without --position); their failure runs start afresh."""
     import asyncio
 
-    from prefect_webhooks.delivery.endpoint_admin import aenable
+    from prefect_webhooks.delivery.endpoints.admin import aenable
 
     exit_without_prefect_api("endpoint enable")
     try:
@@ -66,7 +66,7 @@ def endpoint_disable(
     """Disable endpoints by hand: they get no requests until enabled again."""
     import asyncio
 
-    from prefect_webhooks.delivery.endpoint_admin import adisable
+    from prefect_webhooks.delivery.endpoints.admin import adisable
 
     if not position:
         raise typer.BadParameter("give at least one --position")

@@ -1,7 +1,7 @@
 """``prefect-webhooks messages``: look a message up, queued or kept, with every attempt ("we never received X"),
 and send it again.
 
-Reads the store only (``store.lookups``; ``resend`` puts messages back into its queue): no Prefect server needed,
+Reads the store only (``store.log.lookups``; ``resend`` puts messages back into its queue): no Prefect server needed,
 and no store is created; one an earlier release wrote is upgraded first (``commands.opened_store``).
 """
 
@@ -17,7 +17,7 @@ from prefect_webhooks.commands.opened_store import opened_store
 from prefect_webhooks.commands.replay import time_option
 
 if TYPE_CHECKING:
-    from prefect_webhooks.store.lookups import StoredMessage
+    from prefect_webhooks.store.log.lookups import StoredMessage
 
 messages_app = typer.Typer(help="Look messages up, queued or kept, with every attempt; send them again.",
                            no_args_is_help=True)
@@ -44,8 +44,8 @@ def messages_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (with bodies and attempts).")] = False,
 ) -> None:
     """List messages, newest first: a queued one by when it was stored, the others by when they got there."""
-    from prefect_webhooks.store.lookups import MessageQuery, message_document, time_text
-    from prefect_webhooks.store.message_search import SCAN_LIMIT, Refinement, search_messages
+    from prefect_webhooks.store.log.lookups import MessageQuery, message_document, time_text
+    from prefect_webhooks.store.log.message_search import SCAN_LIMIT, Refinement, search_messages
     from prefect_webhooks.utilities.tables import table_text
 
     unknown = sorted(set(state or ()) - set(STATES))
@@ -76,8 +76,8 @@ def messages_show(
         "API): method, URL, headers with secrets masked, signatures, body."))] = False,
 ) -> None:
     """Show one message: its state and reason, its body, and every attempt with the receiver's status and answer."""
-    from prefect_webhooks.store.engines import store_key
-    from prefect_webhooks.store.lookups import MessageQuery, find_messages, message_document
+    from prefect_webhooks.store.engine.engines import store_key
+    from prefect_webhooks.store.log.lookups import MessageQuery, find_messages, message_document
     from prefect_webhooks.utilities.tables import table_text
 
     with _store_connection("messages show") as connection:
@@ -113,7 +113,7 @@ def _requests_as_sent(message: StoredMessage, key: str) -> list[str]:
     """The requests ``message`` makes now (its destination block as saved, its own id), secrets masked."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.commands.named_blocks import named_block
-    from prefect_webhooks.delivery.preview import stored_message_requests
+    from prefect_webhooks.delivery.endpoints.preview import stored_message_requests
 
     if message.body is None:
         return stored_message_requests(None, None, message.id, key)
@@ -129,7 +129,7 @@ def messages_resend(
     """Send delivered or failed messages again, while they are kept: each goes back into the queue with its id (the
     receiver sees the same webhook id), due now, signed with the destination's current secret when it is sent, and
     its new attempt is added to those it had. Exits 1 when any id could not be sent again, saying why."""
-    from prefect_webhooks.store.replay import RESENT, resend_messages
+    from prefect_webhooks.store.queue.replay import RESENT, resend_messages
 
     outcomes = resend_messages(ids, engine=opened_store("messages resend"))
     for number, outcome in outcomes.items():

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def opened_store(command: str) -> Engine:
     """The configured store for ``command``; a missing or un-upgradable one ends it with the reason on stderr."""
     # Imported here: the command line starts without the store's modules (each command loads what it uses).
-    from prefect_webhooks.store.engines import StoreNotFound, StoreNotUpgraded, open_existing_store
+    from prefect_webhooks.store.engine.engines import StoreNotFound, StoreNotUpgraded, open_existing_store
 
     try:
         return open_existing_store()

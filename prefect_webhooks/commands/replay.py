@@ -46,7 +46,7 @@ def replay(
 
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.blocks.enabling import adestinations_with_url
-    from prefect_webhooks.delivery.sender import display_url
+    from prefect_webhooks.delivery.sending.sender import display_url
     from prefect_webhooks.flows.replay import replay as replay_flow
 
     if destination is None and endpoint is None:

@@ -2,7 +2,7 @@
 
 One stacked bar per minute that had an outcome: delivered at the bottom, then filtered, then failed; each bar part
 carries a ``<title>`` (the minute and its count) that a browser shows on hover. The counts come from
-``store.minute_counts.minute_series``: per-minute counters, never a scan of messages.
+``store.figures.minute_counts.minute_series``: per-minute counters, never a scan of messages.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import timedelta
 from html import escape
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
-from prefect_webhooks.store.minute_counts import MinuteSeries
+from prefect_webhooks.store.figures.minute_counts import MinuteSeries
 
 COLOURS = {DELIVERED: "#2e7d32", FILTERED: "#9e9e9e", FAILED: "#c62828"}
 STACK = (DELIVERED, FILTERED, FAILED)

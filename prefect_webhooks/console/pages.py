@@ -12,9 +12,9 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from prefect_webhooks.delivery.endpoint_admin import EndpointView
-from prefect_webhooks.store.message_search import SCAN_LIMIT
-from prefect_webhooks.store.minute_counts import ReasonCount
+from prefect_webhooks.delivery.endpoints.admin import EndpointView
+from prefect_webhooks.store.figures.minute_counts import ReasonCount
+from prefect_webhooks.store.log.message_search import SCAN_LIMIT
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222}header{background:#1f2937;color:#fff;padding:8px 16px}

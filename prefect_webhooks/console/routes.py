@@ -127,7 +127,7 @@ def add_console_routes(app: FastAPI, engine: Engine) -> None:
 
 
 async def _overview(engine: Engine, session: str) -> Response:
-    from prefect_webhooks.store.metrics import backlog_snapshot
+    from prefect_webhooks.store.figures.metrics import backlog_snapshot
 
     snapshot = await run_in_threadpool(backlog_snapshot, engine)
     return _html(pages.overview_page(snapshot["destinations"], csrf_token(session)))
@@ -154,12 +154,12 @@ async def _block_or_notice(name: str, blocks: Any, generation: int | None) -> An
 
 
 async def _destination(engine: Engine, blocks: Any, request: Request, session: str) -> Response:
-    from prefect_webhooks.delivery.endpoint_admin import views_of
-    from prefect_webhooks.store.destination_changes import destination_generations
-    from prefect_webhooks.store.endpoint_states import read_states
-    from prefect_webhooks.store.metrics import backlog_snapshot
-    from prefect_webhooks.store.minute_counts import minute_series, top_reasons
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.delivery.endpoints.admin import views_of
+    from prefect_webhooks.store.endpoints.destination_changes import destination_generations
+    from prefect_webhooks.store.endpoints.states import read_states
+    from prefect_webhooks.store.figures.metrics import backlog_snapshot
+    from prefect_webhooks.store.figures.minute_counts import minute_series, top_reasons
+    from prefect_webhooks.store.schema.tables import store_now
 
     name = request.path_params["name"]
     generation = (await run_in_threadpool(destination_generations, engine, [name])).get(name)
@@ -195,7 +195,7 @@ def _since(text: str) -> Any:
 
 
 async def _replay(engine: Engine, request: Request, session: str) -> Response:
-    from prefect_webhooks.store.replay import ReplaySelection, count_selected, replay_selection
+    from prefect_webhooks.store.queue.replay import ReplaySelection, count_selected, replay_selection
 
     name = request.path_params["name"]
     values = await _form(request) if request.method == "POST" else dict(request.query_params)
@@ -213,7 +213,7 @@ async def _replay(engine: Engine, request: Request, session: str) -> Response:
 
 
 async def _endpoint_action(request: Request, session: str) -> Response:
-    from prefect_webhooks.delivery.endpoint_admin import adisable, aenable
+    from prefect_webhooks.delivery.endpoints.admin import adisable, aenable
 
     name, position, action = (request.path_params[key] for key in ("name", "position", "action"))
     if action not in ("enable", "disable"):
@@ -246,11 +246,11 @@ async def _messages(engine: Engine, request: Request, session: str) -> Response:
 
 
 async def _message(engine: Engine, blocks: Any, request: Request, session: str) -> Response:
-    from prefect_webhooks.delivery.preview import stored_message_requests
+    from prefect_webhooks.delivery.endpoints.preview import stored_message_requests
     from prefect_webhooks.inbound.admin_api import one_message
-    from prefect_webhooks.store.destination_changes import destination_generations
-    from prefect_webhooks.store.engines import store_key
-    from prefect_webhooks.store.lookups import message_document
+    from prefect_webhooks.store.endpoints.destination_changes import destination_generations
+    from prefect_webhooks.store.engine.engines import store_key
+    from prefect_webhooks.store.log.lookups import message_document
 
     number = request.path_params["number"]
 
@@ -274,7 +274,7 @@ async def _message(engine: Engine, blocks: Any, request: Request, session: str) 
 
 
 async def _resend(engine: Engine, request: Request, session: str) -> Response:
-    from prefect_webhooks.store.replay import resend_messages
+    from prefect_webhooks.store.queue.replay import resend_messages
 
     number = request.path_params["number"]
     back = f"{PREFIX}/messages/{number}"

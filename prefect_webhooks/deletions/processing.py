@@ -46,13 +46,13 @@ from prefect_webhooks.deletions.requests import (
 from prefect_webhooks.messages.outcomes import FAILED, PENDING
 from prefect_webhooks.messages.payloads import delete_payload
 from prefect_webhooks.messages.timestamps import utcnow
-from prefect_webhooks.store.counters import add_outcomes
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.kept_purges import forget_pruned_sources, pruned_sources, purge_kept
-from prefect_webhooks.store.log_rows import Leaving
-from prefect_webhooks.store.message_log import find_kept, move_to_log
-from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store.tables import (
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.counters import add_outcomes
+from prefect_webhooks.store.log.kept_purges import forget_pruned_sources, pruned_sources, purge_kept
+from prefect_webhooks.store.log.message_log import find_kept, move_to_log
+from prefect_webhooks.store.log.rows import Leaving
+from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.store.schema.tables import (
     AudienceState,
     OutboxMessage,
     SuppressedUser,

@@ -9,8 +9,8 @@ from pydantic import BaseModel
 from sqlalchemy import insert, select
 from sqlalchemy.engine import Engine
 
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import DELETION_REQUESTED, DeletionRequest, store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import DELETION_REQUESTED, DeletionRequest, store_now
 
 REQUESTS = DeletionRequest.__table__
 REQUESTED = DELETION_REQUESTED

@@ -179,7 +179,7 @@ def prefect_settings(stack: DemoStack) -> Iterator[None]:
 
 def _apply_store_env(env: dict[str, str]) -> None:
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.engines import dispose_engines
+    from prefect_webhooks.store.engine.engines import dispose_engines
 
     for key, value in env.items():
         if key.startswith("PREFECT_WEBHOOKS_"):

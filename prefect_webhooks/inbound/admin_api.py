@@ -1,8 +1,8 @@
 """The admin API on serve's HTTP server, under ``/v1/admin/``: look messages up and send them again, over HTTP.
 
-It answers what ``prefect-webhooks messages`` answers, from the same lookups (``store.lookups``) and the same resend
-(``store.replay.resend_messages``), as JSON with cursor paging. It is behind its own credential, never a write key:
-``PREFECT_WEBHOOKS_ADMIN_TOKEN``, sent as ``Authorization: Bearer <token>``. Until one is set every admin path
+It answers what ``prefect-webhooks messages`` answers, from the same lookups (``store.log.lookups``) and the same resend
+(``store.queue.replay.resend_messages``), as JSON with cursor paging. It is behind its own credential, never a write
+key: ``PREFECT_WEBHOOKS_ADMIN_TOKEN``, sent as ``Authorization: Bearer <token>``. Until one is set every admin path
 answers 404 saying so; a request without it or with another answers 401. The token is compared in constant time and
 never logged.
 """
@@ -22,10 +22,10 @@ from starlette.responses import Response
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.lookups import MessageQuery, StoredMessage, find_messages, message_document
-from prefect_webhooks.store.message_search import Refinement, search_messages
-from prefect_webhooks.store.replay import resend_messages
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.lookups import MessageQuery, StoredMessage, find_messages, message_document
+from prefect_webhooks.store.log.message_search import Refinement, search_messages
+from prefect_webhooks.store.queue.replay import resend_messages
 from prefect_webhooks.utilities.durations import past_time
 
 ADMIN_PREFIX = "/v1/admin"

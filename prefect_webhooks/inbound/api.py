@@ -41,8 +41,8 @@ from prefect_webhooks.inbound.ingestion import prepare_batch
 from prefect_webhooks.inbound.sources import SourceInfo, SourceRegistry, SourcesUnavailableError
 from prefect_webhooks.messages.model import MAX_BATCH_BYTES, MESSAGE_TYPES
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.metrics import add_metrics_routes
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.metrics import add_metrics_routes
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 
 from prefect_webhooks.inbound.ingestion import IngestResult, PreparedBatch, commit_batches
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.tables import OutboxMessage
+from prefect_webhooks.store.schema.tables import OutboxMessage
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ A batch goes through two steps:
    call, check its size, validate it (``messages.parse_message``), resolve its timestamp, route it
    (``routing.route``) and build its outbound rows (``payloads`` + ``outbox.outbox_rows``).
 2. ``commit_batches`` (inside one transaction): drop duplicates of a messageId seen from the same source within the
-   dedupe window (``store.seen_ids``), drop calls about suppressed users (``SuppressedUser``), write the rest.
+   dedupe window (``store.dedupe.seen_ids``), drop calls about suppressed users (``SuppressedUser``), write the rest.
 
 ``ingest_batch`` does both in one transaction; ``batch_writer.BatchWriter`` is the API's single writer (on the event
 loop): it commits the batches of concurrent requests together (group commit) and answers each request after the
@@ -33,10 +33,10 @@ from prefect_webhooks.messages.model import MAX_MESSAGE_BYTES, Alias, BaseMessag
 from prefect_webhooks.messages.payloads import outbound_payload
 from prefect_webhooks.messages.timestamps import TimestampError, parse_timestamp
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import add_to_outbox, outbox_row
-from prefect_webhooks.store.seen_ids import remember_receipts, seen_receipts
-from prefect_webhooks.store.tables import SuppressedUser, store_now, to_store_time
+from prefect_webhooks.store.dedupe.seen_ids import remember_receipts, seen_receipts
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_row
+from prefect_webhooks.store.schema.tables import SuppressedUser, store_now, to_store_time
 
 ALL_SOURCES = "*"
 # SQLite allows 999 bound parameters per statement in old builds; stay well under it.

@@ -83,7 +83,7 @@ class Attempt:
     latency_ms: float
     outcome: str
     response: str | None = None
-    """The start of the receiver's answer (``delivery.answers``), the place a receiver says what it refused."""
+    """The start of the receiver's answer (``delivery.sending.answers``), the place a receiver says what it refused."""
 
 
 @dataclass(slots=True)

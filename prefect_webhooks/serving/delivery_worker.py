@@ -67,7 +67,7 @@ from prefect.utilities.engine import propose_state
 
 from prefect_webhooks.blocks.api_status import prefect_api
 from prefect_webhooks.delivery import Sender
-from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.sending.destinations import DestinationCache
 from prefect_webhooks.deployments.serve import (
     DELETIONS_DEPLOYMENT,
     DELIVER_DEPLOYMENT,

@@ -51,7 +51,7 @@ def log_to_stderr(logger: logging.Logger) -> None:
 
 
 def dead_local_owners(owners: Sequence[str], hostname: str | None = None) -> list[str]:
-    """The lease owners (``host:pid:run``, see ``delivery.context.new_owner``) of this host whose process is gone."""
+    """The lease owners (``host:pid:run``, ``delivery.pacing.context.new_owner``) of this host whose process is gone."""
     host = (hostname or socket.gethostname())[:40]
     dead = []
     for owner in owners:

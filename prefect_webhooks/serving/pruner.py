@@ -49,7 +49,7 @@ def run_one_pass() -> None:
         logger.warning("the prune flow could not run (%s: %s); pruning the store without a flow run",
                        type(exc).__name__, exc)
     try:
-        from prefect_webhooks.store.retention import prune_store
+        from prefect_webhooks.store.upkeep.retention import prune_store
 
         logger.info("%s", prune_store().summary())
     except Exception as exc:

@@ -44,7 +44,7 @@ from prefect.states import Completed, Crashed
 from prefect_webhooks.blocks.api_status import PrefectApi, PrefectApiUnavailable
 from prefect_webhooks.blocks.local_copy import LocalCopy
 from prefect_webhooks.delivery import DeliveryStats
-from prefect_webhooks.delivery.stats import summary_in_words
+from prefect_webhooks.delivery.endpoints.stats import summary_in_words
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, TAGS
 from prefect_webhooks.flows.deliver import publish_artifacts, run_artifacts
 

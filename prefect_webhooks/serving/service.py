@@ -63,9 +63,9 @@ def create_service_app() -> Any:
     from prefect_webhooks.console import add_console_routes
     from prefect_webhooks.inbound.api import create_app
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.log_filters import hold_filters
-    from prefect_webhooks.store.seen_ids import hold_seen_filters
+    from prefect_webhooks.store.dedupe.seen_ids import hold_seen_filters
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.log.filters import hold_filters
     from prefect_webhooks.utilities.runtime import tune_gc_for_serving
 
     engine = get_engine()
@@ -251,8 +251,8 @@ def release_dead_local_leases(engine: Engine | None = None) -> int:
     from sqlalchemy import select, update
 
     from prefect_webhooks.messages.outcomes import PENDING
-    from prefect_webhooks.store.engines import get_engine
-    from prefect_webhooks.store.tables import OutboxMessage
+    from prefect_webhooks.store.engine.engines import get_engine
+    from prefect_webhooks.store.schema.tables import OutboxMessage
 
     engine = engine or get_engine()
     table = OutboxMessage.__table__

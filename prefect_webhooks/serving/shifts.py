@@ -22,7 +22,7 @@ from prefect.flow_engine import run_flow
 
 from prefect_webhooks.blocks.api_status import PrefectApi
 from prefect_webhooks.delivery import DeliveryOptions, DeliveryStats, Sender, Shift, current_shift, deliver_due
-from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.sending.destinations import DestinationCache
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, schedule_interval
 from prefect_webhooks.flows.deliver import deliver
 

@@ -1,20 +1,30 @@
 """The store: the source of truth for every message. It takes in outbox rows (from ingestion, audience syncs and
-deletions, through ``outbox.enqueue``/``add_to_outbox``, in the caller's transaction) into the queue and hands them
-on to delivery as leased claims (``outbox.claim_due_deliveries``); a message that reaches its outcome moves with its
-attempts to the message log (``outbox.record_outcomes`` ▶ ``message_log``), kept in time partitions that retention
-drops whole, and looked up by messageId, user or destination and time (``message_log.find_kept``). Ingestion's
-dedupe remembers messageIds per period of receipt, each sealed period behind a filter (``seen_ids``).
-``tables`` defines the schema, ``engines`` opens SQLite (WAL, the default; its writers take the writer lock in
-turn at ``write_gate``) or PostgreSQL and creates the schema idempotently, and ``metrics`` reads the backlog and
-totals for ``/metrics``, ``/health/backlog`` and ``status``.
+deletions, through ``enqueue``/``add_to_outbox``, in the caller's transaction) into the queue and hands them on to
+delivery as leased claims (``claim_due_deliveries``); a message that reaches its outcome moves with its attempts to
+the message log (``record_outcomes``), kept in time partitions that retention drops whole, and looked up by
+messageId, user or destination and time (``find_kept``).
+
+One folder per mechanism, lowest first (a mechanism imports only from the ones before it; each ``__init__`` lists
+its modules in reading order):
+
+- ``schema``: every table, the store's clock, many rows at once.
+- ``log``: the message log: partitions, compressed records, lookups, sealed partitions' Bloom filters.
+- ``dedupe``: the messageIds seen within the dedupe window, in periods sealed as the log's partitions are.
+- ``engine``: opening a store: SQLite (WAL, its writers in turn at the write gate) or PostgreSQL, the schema created
+  and upgraded.
+- ``figures``: outcome and request totals, per-minute counts, and the backlog snapshot for ``/metrics`` and
+  ``status``.
+- ``endpoints``: what every delivering process shares about endpoints: states, the rate budget, block generations.
+- ``queue``: the outbox: messages in, leased claims out, outcomes recorded; ordering, fan-out, replay and resend.
+- ``upkeep``: the pruning pass (retention), its lease, and the room the store takes.
 """
 
-from prefect_webhooks.store.engines import create_schema, dispose_engines, get_engine, insert_rows, store_key
-from prefect_webhooks.store.message_log import KeptMessage, find_kept
-from prefect_webhooks.store.metrics import backlog_snapshot
-from prefect_webhooks.store.outbox import add_to_outbox, claim_due_deliveries, enqueue, record_outcomes
-from prefect_webhooks.store.replay import replay_failed, resend_messages
-from prefect_webhooks.store.tables import (
+from prefect_webhooks.store.engine.engines import create_schema, dispose_engines, get_engine, insert_rows, store_key
+from prefect_webhooks.store.figures.metrics import backlog_snapshot
+from prefect_webhooks.store.log.message_log import KeptMessage, find_kept
+from prefect_webhooks.store.queue.outbox import add_to_outbox, claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.queue.replay import replay_failed, resend_messages
+from prefect_webhooks.store.schema.tables import (
     Audience,
     AudienceState,
     DeletionRequest,

@@ -18,8 +18,8 @@ from prefect_webhooks.audiences import diff as audience_diff
 from prefect_webhooks.audiences import sync as audiences
 from prefect_webhooks.audiences.snapshots import CsvSnapshot, ParquetSnapshot, SnapshotError, SqlSnapshot
 from prefect_webhooks.audiences.sync import AudienceDefinition, AudienceError, sync_audience
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import Audience, AudienceState, OutboxMessage, SuppressedUser, store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import Audience, AudienceState, OutboxMessage, SuppressedUser, store_now
 
 DESTINATIONS = {"web": ["crm", "ads"], "app": ["ads", "mail"], "quiet": []}
 
@@ -406,7 +406,7 @@ from pathlib import Path
 from prefect_webhooks.audiences import sync as audiences
 from prefect_webhooks.audiences.sync import AudienceDefinition, sync_audience
 from prefect_webhooks.audiences.snapshots import SqlSnapshot
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 
 store, warehouse, marker = sys.argv[1:4]
 audiences.CHUNK_ROWS = 1000

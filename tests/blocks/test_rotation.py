@@ -31,7 +31,7 @@ from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.signatures import sign, verify
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.receivers import Receiver
 from tests.signing.test_headers import fast, libraries_accept, track  # noqa: F401  (fast is a fixture)
 from tests.stored import every_message

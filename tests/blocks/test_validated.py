@@ -19,7 +19,7 @@ from pydantic import SecretStr, ValidationError
 
 from prefect_webhooks.blocks import InvalidBlockError, Source, WebhookDestination
 from prefect_webhooks.blocks.secret_length import RECOMMENDED_SECRET_LENGTH
-from prefect_webhooks.delivery.destinations import DestinationCache, InvalidDestination
+from prefect_webhooks.delivery.sending.destinations import DestinationCache, InvalidDestination
 from prefect_webhooks.settings import get_settings
 
 TYPO_RULE = {"name": "paid", "action": "allow", "conditions": [{"field": "propertes.plan", "in": ["pro"]}]}

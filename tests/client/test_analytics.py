@@ -30,8 +30,8 @@ from prefect_webhooks.client import UploadError
 from prefect_webhooks.messages.model import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES
 from prefect_webhooks.messages.timestamps import parse_timestamp
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import OutboxMessage
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import OutboxMessage
 from tests.receivers import ReceivedRequest, Receiver
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.stats import artifact_key
+from prefect_webhooks.delivery.endpoints.stats import artifact_key
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 from tests.receivers import Receiver
 from tests.servers import ingest_api_process, save_source
 

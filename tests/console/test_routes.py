@@ -13,8 +13,8 @@ from prefect.settings import PREFECT_API_URL
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.messages.outcomes import FAILED, PENDING
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.servers import ingest_api_process
 from tests.stored import every_message, finish
 

@@ -14,9 +14,9 @@ from prefect_webhooks.deletions.processing import affected_sources, process_dele
 from prefect_webhooks.deletions.requests import DeletionError, pending_requests, request_deletion, user_reference
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
 from prefect_webhooks.messages.payloads import identify_payload
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.tables import AudienceState, DeletionRequest, OutboxMessage, SuppressedUser
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.schema.tables import AudienceState, DeletionRequest, OutboxMessage, SuppressedUser
 from tests.stored import every_message, finish
 
 OUTBOX = OutboxMessage.__table__

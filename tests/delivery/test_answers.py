@@ -8,11 +8,11 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.answers import ACCEPTANCE_BYTES, MASK, REFUSAL_BYTES, answer_excerpt
+from prefect_webhooks.delivery.sending.answers import ACCEPTANCE_BYTES, MASK, REFUSAL_BYTES, answer_excerpt
 from prefect_webhooks.messages.outcomes import FAILED
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.lookups import MessageQuery, find_messages
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.lookups import MessageQuery, find_messages
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.receivers import Receiver
 
 TOKEN = "t0k3n-very-secret-value"

@@ -23,8 +23,8 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.delivery.test_delivery import attempts, deliver, outbox, track, wait_until_due
 from tests.receivers import ReceivedRequest, Receiver
 

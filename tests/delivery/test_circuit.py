@@ -10,11 +10,18 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
-from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR, CLOSED, HALF_OPEN, OPEN, Circuit, EndpointGuard
+from prefect_webhooks.delivery.sending.circuit import (
+    CIRCUIT_OPEN_ERROR,
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    Circuit,
+    EndpointGuard,
+)
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 
@@ -275,7 +282,7 @@ async def test_a_drain_brings_nothing_forward_for_a_probe_but_a_continuous_run_d
 
 
 def test_the_recent_peak_rate_is_the_best_ten_seconds_of_the_last_two_minutes() -> None:
-    from prefect_webhooks.delivery.circuit import SuccessRate
+    from prefect_webhooks.delivery.sending.circuit import SuccessRate
 
     rate = SuccessRate()
     for second in range(1000, 1030):  # 2,000 a second for 30 s, then an outage: nothing

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from prefect_webhooks.delivery.context import store_call
+from prefect_webhooks.delivery.pacing.context import store_call
 from prefect_webhooks.settings import get_settings
 
 

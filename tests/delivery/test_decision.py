@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from prefect_webhooks.delivery.decision import BatchWrites, decide
-from prefect_webhooks.delivery.sender import RequestResult
+from prefect_webhooks.delivery.pacing.decision import BatchWrites, decide
+from prefect_webhooks.delivery.sending.sender import RequestResult
 from prefect_webhooks.messages.outcomes import RETRY
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.outbox import Claimed
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.queue.outbox import Claimed
+from prefect_webhooks.store.schema.tables import store_now
 
 
 def test_a_retrys_backoff_counts_from_the_refused_requests_answer_not_the_end_of_its_batch() -> None:

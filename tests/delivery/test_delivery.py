@@ -23,14 +23,14 @@ from cryptography.x509.oid import NameOID
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, DeliveryStats, Sender, deliver_due
-from prefect_webhooks.delivery.sender import display_url
+from prefect_webhooks.delivery.sending.sender import display_url
 from prefect_webhooks.messages.model import parse_message
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.messages.payloads import delete_payload, outbound_payload
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.schema.tables import store_now
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from prefect_webhooks.blocks.local_copy import LocalCopy
-from prefect_webhooks.delivery.destinations import DestinationCache, DestinationNotFound, DestinationUnavailable
+from prefect_webhooks.delivery.sending.destinations import DestinationCache, DestinationNotFound, DestinationUnavailable
 from prefect_webhooks.settings import get_settings
 from tests.outages import switched_api
 from tests.servers import save_destination

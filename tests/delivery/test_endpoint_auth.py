@@ -24,8 +24,8 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.delivery.test_delivery import attempts, deliver, deliver_once, outbox, track
 from tests.receivers import Receiver
 
@@ -171,7 +171,7 @@ async def test_a_refused_client_fails_for_good_and_its_secret_is_never_shown(
 
 async def test_token_requests_resume_after_the_pause_and_a_new_secret_starts_afresh(
         fast: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect_webhooks.delivery import auth
+    from prefect_webhooks.delivery.sending import auth
 
     monkeypatch.setattr(auth, "PAUSE_FIRST", 2.0)
     with TokenEndpoint() as server, Receiver() as receiver:
@@ -308,7 +308,7 @@ class _shared_sender:
 
     async def __aenter__(self) -> Any:
         from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-        from prefect_webhooks.store.engines import get_engine
+        from prefect_webhooks.store.engine.engines import get_engine
 
         self._sender = Sender()
         await self._sender.__aenter__()

@@ -12,7 +12,7 @@ import pytest
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.messages.outcomes import DELIVERED
 from prefect_webhooks.messages.payloads import serialize
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.delivery.test_delivery import deliver, outbox, track
 from tests.receivers import Receiver
 

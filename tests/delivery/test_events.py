@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_webhooks.delivery.events import in_background, wait_for_queued_events
+from prefect_webhooks.delivery.endpoints.events import in_background, wait_for_queued_events
 
 
 def test_events_are_emitted_in_order_on_their_own_thread() -> None:
@@ -48,7 +48,7 @@ def test_what_is_still_queued_when_the_main_thread_ends_is_not_emitted(tmp_path:
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from prefect_webhooks.delivery.events import in_background
+        from prefect_webhooks.delivery.endpoints.events import in_background
 
         def slow() -> None:
             Path({str(tmp_path / "slow")!r}).write_text("started")

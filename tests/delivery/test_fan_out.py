@@ -15,12 +15,12 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.endpoint_counters import endpoint_totals
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.fan_out import split_by_endpoint
-from prefect_webhooks.store.ordering import set_ordered
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
-from prefect_webhooks.store.replay import replay_failed
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.endpoint_counters import endpoint_totals
+from prefect_webhooks.store.queue.fan_out import split_by_endpoint
+from prefect_webhooks.store.queue.ordering import set_ordered
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue
+from prefect_webhooks.store.queue.replay import replay_failed
 from prefect_webhooks.utilities.urls import display_url
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message

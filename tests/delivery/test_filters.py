@@ -14,12 +14,12 @@ from pydantic import ValidationError
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.blocks.filter_rules import FilterRule
 from prefect_webhooks.delivery import deliver_due
-from prefect_webhooks.delivery.filters import compile_filters, split_filtered
+from prefect_webhooks.delivery.sending.filters import compile_filters, split_filtered
 from prefect_webhooks.messages.model import parse_message
 from prefect_webhooks.messages.outcomes import DELIVERED, FILTERED
 from prefect_webhooks.messages.payloads import delete_payload, outbound_payload, serialize
-from prefect_webhooks.store.metrics import backlog_snapshot
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.figures.metrics import backlog_snapshot
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 

@@ -16,14 +16,14 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery import waves as waves_module
-from prefect_webhooks.delivery.batch import process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch
-from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.batches import waves as waves_module
+from prefect_webhooks.delivery.batches.batch import process_batch
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch
+from prefect_webhooks.delivery.sending.destinations import DestinationCache
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.ordering import set_ordered
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.ordering import set_ordered
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue
 from tests.delivery.test_delivery import outbox, track
 from tests.outages import switched_api
 from tests.receivers import ReceivedRequest, Receiver

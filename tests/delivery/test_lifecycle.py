@@ -23,8 +23,8 @@ from sqlalchemy import update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.endpoint_admin import endpoint_views
-from prefect_webhooks.delivery.events import (
+from prefect_webhooks.delivery.endpoints.admin import endpoint_views
+from prefect_webhooks.delivery.endpoints.events import (
     DELIVERY_EXHAUSTED,
     ENDPOINT_DISABLED,
     ENDPOINT_FAILING,
@@ -32,9 +32,9 @@ from prefect_webhooks.delivery.events import (
 )
 from prefect_webhooks.messages.outcomes import DELIVERED, DISABLED_REASON, FAILED
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.schema.tables import store_now
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 
@@ -216,8 +216,8 @@ async def test_a_long_lived_process_delivers_what_enable_replay_puts_back(store_
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A running ``serve`` keeps its copy of a block for a minute: the enable must not be answered from the copy
     taken before it (79 replayed messages failed again at once as ``disabled``)."""
-    from prefect_webhooks.delivery.destinations import DestinationCache
-    from prefect_webhooks.delivery.endpoint_admin import aenable
+    from prefect_webhooks.delivery.endpoints.admin import aenable
+    from prefect_webhooks.delivery.sending.destinations import DestinationCache
 
     monkeypatch.setenv("PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS", "60")
     get_settings.cache_clear()

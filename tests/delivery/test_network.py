@@ -2,8 +2,8 @@
 
 import pytest
 
-from prefect_webhooks.delivery.network import is_blocked_address
-from prefect_webhooks.delivery.transport import CurlTransport, TransportError
+from prefect_webhooks.delivery.sending.network import is_blocked_address
+from prefect_webhooks.delivery.sending.transport import CurlTransport, TransportError
 from tests.receivers import Receiver
 
 

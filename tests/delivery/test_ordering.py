@@ -14,13 +14,13 @@ import pytest
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.batch import process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch
+from prefect_webhooks.delivery.batches.batch import process_batch
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.ordering import set_ordered
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.ordering import set_ordered
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue
 from tests.faults import start_workers, worker_result
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message

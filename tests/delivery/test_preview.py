@@ -77,8 +77,8 @@ def test_preview_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_a_disabled_endpoint_is_previewed_and_a_bound_message_shows_its_one_endpoint() -> None:
-    from prefect_webhooks.delivery.preview import preview_requests, stored_message_requests
-    from prefect_webhooks.store.endpoint_states import url_key
+    from prefect_webhooks.delivery.endpoints.preview import preview_requests, stored_message_requests
+    from prefect_webhooks.store.endpoints.states import url_key
 
     block = WebhookDestination(
         endpoints=[{"url": "https://one.example.com/in"}, {"url": "https://two.example.com/in"}], each_endpoint=True,

@@ -16,14 +16,14 @@ from sqlalchemy import select, update
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.batch import process_batch
-from prefect_webhooks.delivery.context import ClaimedBatch
+from prefect_webhooks.delivery.batches.batch import process_batch
+from prefect_webhooks.delivery.pacing.context import ClaimedBatch
 from prefect_webhooks.messages.outcomes import DELIVERED, THROTTLED_REASON
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.endpoint_states import read_states
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.endpoints.states import read_states
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.schema.tables import store_now
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message, to_ms
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from prefect_webhooks.delivery.retry_wakeups import BURST, GRAIN, LEAD, MOST_KEPT, RetryWakeups
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.delivery.pacing.retry_wakeups import BURST, GRAIN, LEAD, MOST_KEPT, RetryWakeups
+from prefect_webhooks.store.schema.tables import store_now
 
 
 def test_the_claim_for_the_first_retry_not_taken_comes_just_before_it_falls_due() -> None:

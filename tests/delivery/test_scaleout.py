@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, select
 
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, claim_due_deliveries, enqueue
 from tests.conftest import _fresh_postgres_database, postgres_server
 from tests.faults import ROOT, accounting, received_ids, start_worker, worker_result
 from tests.receivers import Receiver
@@ -27,8 +27,8 @@ from tests.stored import every_attempt, every_message
 
 CLAIMER = """
 import json, sys
-from prefect_webhooks.store.outbox import claim_due_deliveries
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries
+from prefect_webhooks.store.engine.engines import get_engine
 engine, claimed = get_engine(sys.argv[1]), []
 print("ready", flush=True)
 sys.stdin.readline()

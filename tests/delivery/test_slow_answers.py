@@ -21,12 +21,12 @@ from sqlalchemy import select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery import claims as claims_module
-from prefect_webhooks.delivery import waves as waves_module
+from prefect_webhooks.delivery.batches import claims as claims_module
+from prefect_webhooks.delivery.batches import waves as waves_module
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.receivers import ReceivedRequest, Receiver
 from tests.stored import every_attempt, every_message
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_webhooks.delivery.stats import DeliveryStats, summary_in_words
+from prefect_webhooks.delivery.endpoints.stats import DeliveryStats, summary_in_words
 
 
 def test_counts_in_words_leave_out_zeros_and_never_show_a_dict() -> None:

@@ -1,4 +1,4 @@
-"""The request path (``delivery.transport``): libcurl on the event loop, against a real receiver on loopback."""
+"""The request path (``delivery.sending.transport``): libcurl on the event loop, against a real receiver on loopback."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from prefect_webhooks.delivery.transport import READ_LIMIT, CurlTransport, TransportError
+from prefect_webhooks.delivery.sending.transport import READ_LIMIT, CurlTransport, TransportError
 from tests.receivers import Receiver
 
 

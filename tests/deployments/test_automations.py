@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from prefect_webhooks.delivery.events import DELIVERY_FAILED
+from prefect_webhooks.delivery.endpoints.events import DELIVERY_FAILED
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTOMATION = ROOT / "deployments" / "automations" / "delivery-failed.yaml"

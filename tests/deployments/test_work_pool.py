@@ -21,8 +21,8 @@ from prefect.settings import PREFECT_API_URL
 from prefect.settings.models.server.services import ServerServicesCancellationCleanupSettings
 
 from prefect_webhooks.deployments.serve import AudienceSchedule
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.receivers import Receiver
 from tests.servers import background, save_destination
 from tests.signing.test_headers import track

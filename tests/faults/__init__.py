@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_CODE = "from tests.faults import worker_main; worker_main()"
@@ -34,9 +34,9 @@ def worker_main() -> None:
     """Deliver until nothing is due for a while (``WORKER_RUN_SECONDS`` at most), then print the stats."""
     from prefect_webhooks.blocks.destination import WebhookDestination
     from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-    from prefect_webhooks.delivery.context import store_call
+    from prefect_webhooks.delivery.pacing.context import store_call
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.outbox import claim_due_deliveries
+    from prefect_webhooks.store.queue.outbox import claim_due_deliveries
 
     destinations = json.loads(os.environ["WORKER_DESTINATIONS"])
     run_seconds = float(os.environ.get("WORKER_RUN_SECONDS", "60"))

@@ -23,11 +23,11 @@ from sqlalchemy.exc import OperationalError
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.delivery.circuit import CIRCUIT_OPEN_ERROR
+from prefect_webhooks.delivery.sending.circuit import CIRCUIT_OPEN_ERROR
 from prefect_webhooks.messages.outcomes import PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import dispose_engines, get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.conftest import _fresh_postgres_database
 from tests.faults import Accounting, accounting, received_ids
 from tests.receivers import Receiver

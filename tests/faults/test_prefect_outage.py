@@ -32,7 +32,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from prefect_webhooks.deletions import has_pending_requests, request_deletion
 from prefect_webhooks.deployments.serve import DELETIONS_DEPLOYMENT, DELIVER_DEPLOYMENT, write_definitions
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 from tests.outages import PrefectServer
 from tests.receivers import Receiver
 from tests.servers import free_port, save_destination, save_source

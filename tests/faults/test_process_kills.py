@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.messages.outcomes import PENDING
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.faults import accounting, received_ids, start_worker, worker_result
 from tests.receivers import Receiver
 from tests.servers import free_port, ingest_api_process, save_source

@@ -16,8 +16,8 @@ from sqlalchemy import select
 from prefect_webhooks.audiences.snapshots import SqlSnapshot
 from prefect_webhooks.audiences.sync import AudienceDefinition, AudienceError
 from prefect_webhooks.flows.audience_sync import artifact_key, audience_sync
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import OutboxMessage
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import OutboxMessage
 from tests.servers import save_destination, save_source, task_names
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -13,9 +13,9 @@ from sqlalchemy import select
 from prefect_webhooks.deletions.requests import request_deletion, user_reference
 from prefect_webhooks.flows.deletions import ARTIFACT_KEY, deletions
 from prefect_webhooks.messages.outcomes import DELIVERED
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.tables import OutboxMessage, SuppressedUser
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.schema.tables import OutboxMessage, SuppressedUser
 from tests.servers import save_destination, save_source, task_names
 from tests.stored import every_message, finish
 

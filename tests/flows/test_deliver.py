@@ -30,8 +30,8 @@ from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue
 from tests.receivers import Receiver
 from tests.stored import every_attempt, every_message
 
@@ -292,7 +292,7 @@ DELIVER_SCRIPT = """
 import asyncio, sys
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 
 async def main() -> None:
     async with Sender() as sender:

@@ -14,8 +14,8 @@ from sqlalchemy import select
 from prefect_webhooks.blocks.saved import save_block
 from prefect_webhooks.blocks.source import Source
 from prefect_webhooks.flows.ingest import ingest, load_calls, record_to_call
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import OutboxMessage
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import OutboxMessage
 
 OUTBOX = OutboxMessage.__table__
 

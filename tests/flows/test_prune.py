@@ -17,9 +17,9 @@ from prefect_webhooks.flows.old_runs import OUR_TAG
 from prefect_webhooks.flows.prune import ARTIFACT_KEY, prune
 from prefect_webhooks.messages.outcomes import DELIVERED, Attempt, Delivered, OutcomeRecords
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue, record_outcomes
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.schema.tables import store_now
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

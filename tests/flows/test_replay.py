@@ -16,8 +16,8 @@ from prefect_webhooks.flows.deliver import deliver
 from prefect_webhooks.flows.replay import replay
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
 from tests.stored import every_message, finish
 

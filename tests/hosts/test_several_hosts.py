@@ -37,9 +37,9 @@ from sqlalchemy import select
 
 from prefect_webhooks.messages.outcomes import PENDING
 from prefect_webhooks.messages.retry import JITTER
-from prefect_webhooks.store.engines import dispose_engines, get_engine
-from prefect_webhooks.store.outbox import OUTBOX
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX
+from prefect_webhooks.store.schema.tables import store_now
 from tests.hosts import (
     BACK,
     FRONT,
@@ -65,7 +65,8 @@ CLAIM_INTERVAL = 1.0  # a delivery worker that found nothing claims again within
 RETRY_BASE_DELAY = 3.0
 FAIL_EVERY = 7
 # How far two hosts' readings of the database's clock may disagree: each is off by at most half its round trip, tens
-# of ms on this 2-core machine under load (store.clock). A host's own clock deciding put retries 0.7-1 s early here.
+# of ms on this 2-core machine under load (store.schema.clock). A host's own clock deciding put retries 0.7-1 s early
+# here.
 CLOCK_TOLERANCE = 0.15
 SKEW = {"a1": +60.0, "a2": -60.0}
 DESTINATION, SOURCE = "hosts-dest", "hosts-source"

@@ -23,8 +23,8 @@ from prefect_webhooks.blocks.source import Source
 from prefect_webhooks.messages.model import MAX_BATCH_BYTES, MAX_MESSAGE_BYTES, MESSAGE_TYPES
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.signatures import verify
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import OutboxMessage
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import OutboxMessage
 from tests.receivers import Receiver
 from tests.servers import IngestServer, ingest_api_process, save_destination, save_source
 

@@ -8,7 +8,7 @@ import pytest
 
 from prefect_webhooks.inbound.batch_writer import BatchWriter, OverloadedError
 from prefect_webhooks.inbound.ingestion import prepare_batch
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 from tests.inbound.test_ingestion import SOURCE, outbox, track
 
 

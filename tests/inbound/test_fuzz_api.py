@@ -26,7 +26,7 @@ from sqlalchemy import create_engine
 
 from prefect_webhooks.inbound.api import create_app
 from prefect_webhooks.messages.model import MAX_BATCH_BYTES, MESSAGE_TYPES
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 from tests.servers import IngestServer, ingest_api_process, save_source
 
 SERVER_ENV = {"PREFECT_WEBHOOKS_UNKNOWN_KEY_REFRESH_SECONDS": "0", "PREFECT_WEBHOOKS_BLOCK_CACHE_SECONDS": "30"}

@@ -12,9 +12,9 @@ from prefect_webhooks.inbound.envelope import EnvelopeError, merge_batch_fields
 from prefect_webhooks.inbound.ingestion import ingest_batch
 from prefect_webhooks.inbound.sources import SourceInfo
 from prefect_webhooks.messages.model import MAX_MESSAGE_BYTES
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.seen_ids import seen_receipts
-from prefect_webhooks.store.tables import OutboxMessage, SuppressedUser, store_now
+from prefect_webhooks.store.dedupe.seen_ids import seen_receipts
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import OutboxMessage, SuppressedUser, store_now
 
 SOURCE = SourceInfo(name="web", destinations=("crm", "warehouse"))
 RECEIVED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)

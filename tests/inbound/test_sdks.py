@@ -40,7 +40,7 @@ from prefect.settings import PREFECT_API_URL
 
 from prefect_webhooks.delivery import DeliveryOptions, deliver_due
 from prefect_webhooks.signing.signatures import verify
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.engine.engines import get_engine
 from tests.receivers import Receiver
 from tests.servers import IngestServer, ingest_api_process, save_destination, save_source
 

@@ -114,7 +114,7 @@ def test_retry_delay_has_twenty_percent_jitter() -> None:
 
 
 def test_task_retry_delays_are_the_start_of_the_schedule() -> None:
-    from prefect_webhooks.delivery.task import task_retry_delays
+    from prefect_webhooks.delivery.batches.task import task_retry_delays
 
     assert task_retry_delays(SETTINGS) == [5, 10, 20]
     assert task_retry_delays(with_task_retries(0)) == []

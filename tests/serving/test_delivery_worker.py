@@ -23,8 +23,8 @@ from sqlalchemy import func, select
 
 from prefect_webhooks.deployments.serve import DELIVER_DEPLOYMENT, write_definitions
 from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import OUTBOX, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, enqueue
 from tests.receivers import Receiver
 from tests.servers import free_port, save_destination, save_source
 from tests.serving.test_service import running_service
@@ -205,7 +205,7 @@ def test_a_backlog_moves_at_the_first_probe_after_an_outage(
                 assert time.monotonic() < deadline, outbox_states()
                 time.sleep(0.1)
             moved_after = time.monotonic() - recovered_at
-    from prefect_webhooks.store.tables import store_now
+    from prefect_webhooks.store.schema.tables import store_now
 
     backoff_left = (waiting - store_now()).total_seconds() + moved_after
     print(f"\nbacklog of 32 delivered {moved_after:.1f} s after the receiver recovered (cool-down {cooldown:g} s; "

@@ -14,10 +14,10 @@ from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 from prefect.client.schemas.objects import FlowRun
 
-from prefect_webhooks.delivery.destinations import DestinationCache
+from prefect_webhooks.delivery.sending.destinations import DestinationCache
 from prefect_webhooks.serving.delivery_worker import DeliveryWorker
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.delivery.test_delivery import outbox, track
 from tests.outages import switched_api
 from tests.receivers import Receiver

@@ -17,9 +17,9 @@ from prefect_webhooks.flows.old_runs import OUR_TAG
 from prefect_webhooks.messages.outcomes import DELIVERED
 from prefect_webhooks.serving.pruner import prune_every, run_one_pass
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.schema.tables import store_now
 from tests.servers import free_port
 from tests.stored import every_message, finish
 

@@ -39,10 +39,10 @@ from prefect_webhooks.messages.outcomes import DELIVERED, PENDING
 from prefect_webhooks.serving.processes import dead_local_owners, descendant_pids, process_running, terminate_and_wait
 from prefect_webhooks.serving.service import release_dead_local_leases
 from prefect_webhooks.settings import ServeSettings, StoreSettings, WebhooksSettings
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.metrics import backlog_snapshot
-from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store.tables import OutboxMessage, store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.metrics import backlog_snapshot
+from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.store.schema.tables import OutboxMessage, store_now
 from tests.receivers import Receiver
 from tests.servers import free_port, save_destination, save_source
 from tests.stored import every_message

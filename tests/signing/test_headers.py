@@ -27,8 +27,8 @@ from prefect_webhooks.messages.outcomes import DELIVERED
 from prefect_webhooks.messages.payloads import delete_payload, outbound_payload
 from prefect_webhooks.settings import get_settings
 from prefect_webhooks.signing.headers import MessageSigner, message_key_prefix
-from prefect_webhooks.store.engines import dispose_engines, get_engine, store_key
-from prefect_webhooks.store.outbox import enqueue, replay_failed
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine, store_key
+from prefect_webhooks.store.queue.outbox import enqueue, replay_failed
 from tests.docs_pages import page, section
 from tests.receivers import ReceivedRequest, Receiver
 from tests.stored import every_message

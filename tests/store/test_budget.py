@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from prefect_webhooks.store.budget import Limit, Ramp, admit
-from prefect_webhooks.store.endpoint_states import pause, read_states
-from prefect_webhooks.store.engines import get_engine
+from prefect_webhooks.store.endpoints.budget import Limit, Ramp, admit
+from prefect_webhooks.store.endpoints.states import pause, read_states
+from prefect_webhooks.store.engine.engines import get_engine
 
 NO_RAMP = Ramp(5.0, 0.0)
 TEN = Limit("k1", "http://127.0.0.1/hook", 10.0)
@@ -93,7 +93,7 @@ def test_concurrent_callers_never_share_a_slot(backend_url: str) -> None:
 
 
 def test_a_ramp_starts_from_the_rate_kept_with_the_endpoint(backend_url: str) -> None:
-    from prefect_webhooks.store.endpoint_states import start_ramps
+    from prefect_webhooks.store.endpoints.states import start_ramps
 
     unlimited = Limit("k1", "http://127.0.0.1/hook", None)
     start_ramps(get_engine(), [("d", "k1", "http://127.0.0.1/hook")], 1000.0)

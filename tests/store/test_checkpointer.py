@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from prefect_webhooks.store import checkpointer
-from prefect_webhooks.store.engines import dispose_engines, get_engine
+from prefect_webhooks.store.engine import checkpointer
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
 
 
 def test_a_commit_leaves_the_wal_to_the_checkpointer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""The store's clock (``store.clock``): on PostgreSQL the database's clock decides leases, claims and due times,
+"""The store's clock (``store.schema.clock``): on PostgreSQL the database's clock decides leases, claims and due times,
 whatever the clock of the host that asks. Processes with their clock a minute off (libfaketime) claim, lease and
 take maintenance leases against one PostgreSQL store beside a process on the true time."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from prefect_webhooks.store.clock import DatabaseClock, clock_of, host_now, store_now
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.leases import take_lease
-from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.schema.clock import DatabaseClock, clock_of, host_now, store_now
+from prefect_webhooks.store.upkeep.leases import take_lease
 from tests.skewed_clocks import skewed_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # Run in a process whose clock is off: claims what is due, takes the maintenance lease, prints what it got.
 SKEWED_CODE = """
 import json, sys
-from prefect_webhooks.store.clock import host_now
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.leases import take_lease
-from prefect_webhooks.store.outbox import claim_due_deliveries
+from prefect_webhooks.store.schema.clock import host_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.upkeep.leases import take_lease
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries
 engine = get_engine()
 with engine.connect() as connection:
     database = connection.exec_driver_sql("SELECT clock_timestamp() AT TIME ZONE 'UTC'").scalar_one()

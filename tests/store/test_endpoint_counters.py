@@ -13,10 +13,15 @@ from sqlalchemy import delete, func, select
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, PERMANENT, RETRY, EndpointRequest
-from prefect_webhooks.store.endpoint_counters import ENDPOINT_COUNTERS, add_requests, endpoint_totals, status_class
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.log_partitions import kept_partitions
-from prefect_webhooks.store.outbox import ATTEMPTS, enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.endpoint_counters import (
+    ENDPOINT_COUNTERS,
+    add_requests,
+    endpoint_totals,
+    status_class,
+)
+from prefect_webhooks.store.log.partitions import kept_partitions
+from prefect_webhooks.store.queue.outbox import ATTEMPTS, enqueue
 from tests.receivers import Receiver
 
 SECRET = "sh4red-s3cret-0001"

@@ -1,13 +1,13 @@
-"""Endpoint health across processes (``store.endpoint_states.record_health``): one run of failures disables an
+"""Endpoint health across processes (``store.endpoints.states.record_health``): one run of failures disables an
 endpoint once, however many processes report failures of it."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from prefect_webhooks.store.endpoint_states import DISABLED, FAILING, HealthReport, record_health, url_key
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.endpoints.states import DISABLED, FAILING, HealthReport, record_health, url_key
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.schema.tables import store_now
 
 URL = "https://hooks.example.com/in"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def open_store(url: str, ready: multiprocessing.synchronize.Barrier) -> None:
-    from prefect_webhooks.store.engines import get_engine
+    from prefect_webhooks.store.engine.engines import get_engine
 
     ready.wait()
     get_engine(url)
@@ -36,7 +36,7 @@ def test_a_column_a_later_release_added_is_added_to_an_existing_store(backend_ur
     # The message log's partition list got its ``messages`` count after stores with the list existed.
     from sqlalchemy import inspect
 
-    from prefect_webhooks.store.engines import create_schema, get_engine
+    from prefect_webhooks.store.engine.engines import create_schema, get_engine
 
     engine = get_engine(backend_url)
     with engine.begin() as connection:

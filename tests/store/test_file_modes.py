@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from prefect_webhooks.store.engines import dispose_engines, get_engine
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
 
 
 def mode(path: Path) -> int:

@@ -6,11 +6,11 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.followers import claim_followers
-from prefect_webhooks.store.ordering import set_ordered
-from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.followers import claim_followers
+from prefect_webhooks.store.queue.ordering import set_ordered
+from prefect_webhooks.store.queue.outbox import OUTBOX, claim_due_deliveries, enqueue
+from prefect_webhooks.store.schema.tables import store_now
 from tests.store.test_ordering import calls
 
 

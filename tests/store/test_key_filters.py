@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from prefect_webhooks.store.key_filters import FilterSet, KeyFilter, Probe
-from prefect_webhooks.store.seen_ids import message_key
+from prefect_webhooks.store.dedupe.seen_ids import message_key
+from prefect_webhooks.store.log.key_filters import FilterSet, KeyFilter, Probe
 
 
 def test_the_filter_never_misses_a_key_and_rarely_claims_one() -> None:

@@ -12,16 +12,16 @@ from prefect_webhooks.deletions.processing import purge_user
 from prefect_webhooks.messages.outcomes import Attempt
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.bulk_insert import insert_rows
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.log_filters import hold_filters, may_hold, seal_log_partitions
-from prefect_webhooks.store.log_names import name_ids
-from prefect_webhooks.store.log_partitions import PARTITIONS, SEALS, STATE_CODES, kept_partitions, partitions_for
-from prefect_webhooks.store.log_records import RecordContent, epoch_ms, pack_record, text_key
-from prefect_webhooks.store.message_log import find_kept
-from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store.retention import prune_store
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.filters import hold_filters, may_hold, seal_log_partitions
+from prefect_webhooks.store.log.message_log import find_kept
+from prefect_webhooks.store.log.names import name_ids
+from prefect_webhooks.store.log.partitions import PARTITIONS, SEALS, STATE_CODES, kept_partitions, partitions_for
+from prefect_webhooks.store.log.records import RecordContent, epoch_ms, pack_record, text_key
+from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.store.schema.bulk_insert import insert_rows
+from prefect_webhooks.store.schema.tables import store_now
+from prefect_webhooks.store.upkeep.retention import prune_store
 from tests.store.test_message_log import deliver_all, track
 
 

@@ -10,12 +10,12 @@ from sqlalchemy import insert, select, update
 
 from prefect_webhooks.messages.outcomes import DELIVERED, RETRY, Attempt, Delivered, OutcomeRecords
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.engines import dispose_engines, get_engine
-from prefect_webhooks.store.log_partitions import kept_partitions, partition_table
-from prefect_webhooks.store.log_rows import Leaving, PackedAhead, pack_ahead
-from prefect_webhooks.store.message_log import find_kept, move_to_log
-from prefect_webhooks.store.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue, record_outcomes
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
+from prefect_webhooks.store.log.message_log import find_kept, move_to_log
+from prefect_webhooks.store.log.partitions import kept_partitions, partition_table
+from prefect_webhooks.store.log.rows import Leaving, PackedAhead, pack_ahead
+from prefect_webhooks.store.queue.outbox import ATTEMPTS, OUTBOX, claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.schema.tables import store_now
 
 URL = "https://hooks.example.com/in"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.log_statements import group_statement, lookup_parameters
-from prefect_webhooks.store.message_log import find_kept
-from prefect_webhooks.store.outbox import enqueue
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.message_log import find_kept
+from prefect_webhooks.store.log.statements import group_statement, lookup_parameters
+from prefect_webhooks.store.queue.outbox import enqueue
 from tests.stored import finish
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, PENDING
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.lookups import MessageQuery, find_messages
-from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.lookups import MessageQuery, find_messages
+from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.store.schema.tables import store_now
 from tests.store.test_message_log import deliver_all, track
 
 

@@ -25,13 +25,13 @@ from prefect_webhooks.messages.outcomes import (
 )
 from prefect_webhooks.messages.payloads import serialize
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store.counters import outcome_totals
-from prefect_webhooks.store.engines import dispose_engines, get_engine
-from prefect_webhooks.store.log_partitions import kept_partitions, partition_period
-from prefect_webhooks.store.log_records import PackedRecord, RecordContent, pack_record
-from prefect_webhooks.store.message_log import find_kept, next_group_size
-from prefect_webhooks.store.minute_counts import top_reasons
-from prefect_webhooks.store.outbox import (
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
+from prefect_webhooks.store.figures.counters import outcome_totals
+from prefect_webhooks.store.figures.minute_counts import top_reasons
+from prefect_webhooks.store.log.message_log import find_kept, next_group_size
+from prefect_webhooks.store.log.partitions import kept_partitions, partition_period
+from prefect_webhooks.store.log.records import PackedRecord, RecordContent, pack_record
+from prefect_webhooks.store.queue.outbox import (
     ATTEMPTS,
     OUTBOX,
     add_to_outbox,
@@ -40,8 +40,8 @@ from prefect_webhooks.store.outbox import (
     outbox_rows,
     record_outcomes,
 )
-from prefect_webhooks.store.replay import replay_failed
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.queue.replay import replay_failed
+from prefect_webhooks.store.schema.tables import store_now
 from tests.stored import every_attempt, every_message, finish, to_ms
 
 

@@ -4,11 +4,11 @@ newest first, a bound on what one call reads, and pages that go on where the las
 from __future__ import annotations
 
 from prefect_webhooks.messages.outcomes import Attempt, Failed, OutcomeRecords
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.lookups import MessageQuery
-from prefect_webhooks.store.message_search import Refinement, search_messages
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue, record_outcomes
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.lookups import MessageQuery
+from prefect_webhooks.store.log.message_search import Refinement, search_messages
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.schema.tables import store_now
 
 A, B = "https://a.example.com/in", "https://b.example.com/hooks/x"
 

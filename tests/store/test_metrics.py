@@ -17,11 +17,11 @@ from fastapi import FastAPI
 from sqlalchemy import update
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
-from prefect_webhooks.store.counters import add_outcomes
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.metrics import add_metrics_routes, backlog_snapshot, prometheus_text, status_table
-from prefect_webhooks.store.outbox import add_to_outbox, outbox_rows
-from prefect_webhooks.store.tables import OutboxMessage, store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.counters import add_outcomes
+from prefect_webhooks.store.figures.metrics import add_metrics_routes, backlog_snapshot, prometheus_text, status_table
+from prefect_webhooks.store.queue.outbox import add_to_outbox, outbox_rows
+from prefect_webhooks.store.schema.tables import OutboxMessage, store_now
 
 NOW = store_now()
 

@@ -9,11 +9,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.messages.outcomes import DELIVERED
-from prefect_webhooks.store.counters import add_outcomes
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.metrics import backlog_snapshot, pending_gauge_query
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.counters import add_outcomes
+from prefect_webhooks.store.figures.metrics import backlog_snapshot, pending_gauge_query
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.schema.tables import store_now
 
 HISTORY = 20_000
 PENDING_ROWS = 5
@@ -74,8 +74,8 @@ def test_a_pruning_pass_never_reads_what_it_keeps(store_url: str) -> None:
 
     from sqlalchemy import event
 
-    from prefect_webhooks.store.log_partitions import kept_partitions
-    from prefect_webhooks.store.retention import prune_store
+    from prefect_webhooks.store.log.partitions import kept_partitions
+    from prefect_webhooks.store.upkeep.retention import prune_store
     from tests.stored import finish
 
     engine = get_engine(store_url)

@@ -10,9 +10,9 @@ from sqlalchemy import func, select
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED
-from prefect_webhooks.store.counters import add_outcomes
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.minute_counts import (
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.figures.counters import add_outcomes
+from prefect_webhooks.store.figures.minute_counts import (
     KEPT_FOR,
     MINUTES,
     REASONS,
@@ -22,9 +22,9 @@ from prefect_webhooks.store.minute_counts import (
     reason_kind,
     top_reasons,
 )
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.retention import prune_store
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.schema.tables import store_now
+from prefect_webhooks.store.upkeep.retention import prune_store
 from tests.receivers import Receiver
 
 # Failed messages emit Prefect events: send them to the session's test server.

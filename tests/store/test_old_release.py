@@ -35,7 +35,7 @@ import pytest
 
 from prefect_webhooks.cli import main
 from prefect_webhooks.settings import get_settings, store_location
-from prefect_webhooks.store.engines import dispose_engines, get_engine
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine
 from tests.conftest import _fresh_postgres_database, postgres_server
 from tests.receivers import Receiver
 from tests.servers import background, free_port, save_destination, save_source

@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import inspect
 
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED
-from prefect_webhooks.store.engines import create_schema, get_engine
-from prefect_webhooks.store.ordering import behind_earlier, set_ordered
-from prefect_webhooks.store.outbox import claim_due_deliveries, enqueue
+from prefect_webhooks.store.engine.engines import create_schema, get_engine
+from prefect_webhooks.store.queue.ordering import behind_earlier, set_ordered
+from prefect_webhooks.store.queue.outbox import claim_due_deliveries, enqueue
 from tests.stored import finish as give_outcome
 
 

@@ -15,8 +15,8 @@ from prefect_webhooks.messages.outcomes import (
     OutcomeRecords,
     Rescheduled,
 )
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import (
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import (
     ATTEMPTS,
     OUTBOX,
     bring_forward,
@@ -29,7 +29,7 @@ from prefect_webhooks.store.outbox import (
     renew_leases,
     replay_failed,
 )
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.schema.tables import store_now
 from tests.stored import every_attempt, every_message, finish, to_ms
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from prefect_webhooks.store.pacing import Pacer, paced
+from prefect_webhooks.store.log.pacing import Pacer, paced
 
 
 def test_a_step_is_followed_by_a_pause_as_long_as_it_took_times_the_ratio() -> None:

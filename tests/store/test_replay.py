@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from prefect_webhooks.messages.outcomes import FAILED, PENDING
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.replay import ReplaySelection, count_selected, replay_failed, replay_selection
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.queue.replay import ReplaySelection, count_selected, replay_failed, replay_selection
 from tests.stored import every_message, finish
 
 T0 = datetime(2026, 3, 1, 10, 0)

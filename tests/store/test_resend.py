@@ -15,11 +15,11 @@ import pytest
 from prefect_webhooks.blocks.destination import WebhookDestination
 from prefect_webhooks.delivery import DeliveryContext, DeliveryOptions, Sender, deliver_due
 from prefect_webhooks.messages.outcomes import DELIVERED, FAILED, FILTERED, PENDING
-from prefect_webhooks.store.engines import get_engine
-from prefect_webhooks.store.kept_purges import purge_kept
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.replay import RESENT, resend_messages
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import get_engine
+from prefect_webhooks.store.log.kept_purges import purge_kept
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.queue.replay import RESENT, resend_messages
+from prefect_webhooks.store.schema.tables import store_now
 from tests.receivers import Receiver
 from tests.servers import ingest_api_process
 from tests.stored import every_attempt, every_message, finish

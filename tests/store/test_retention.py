@@ -24,14 +24,14 @@ from prefect_webhooks.messages.outcomes import (
     OutcomeRecords,
 )
 from prefect_webhooks.settings import get_settings
-from prefect_webhooks.store import log_partitions
-from prefect_webhooks.store.counters import outcome_totals
-from prefect_webhooks.store.engines import dispose_engines, get_engine, insert_rows
-from prefect_webhooks.store.leases import release_lease, take_lease
-from prefect_webhooks.store.log_partitions import kept_partitions
-from prefect_webhooks.store.outbox import OUTBOX, claim_due_deliveries, enqueue, record_outcomes
-from prefect_webhooks.store.retention import PRUNE_LEASE, SEEN, RetentionPolicy, prune_store
-from prefect_webhooks.store.tables import LogPartition, store_now
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine, insert_rows
+from prefect_webhooks.store.figures.counters import outcome_totals
+from prefect_webhooks.store.log import partitions as log_partitions
+from prefect_webhooks.store.log.partitions import kept_partitions
+from prefect_webhooks.store.queue.outbox import OUTBOX, claim_due_deliveries, enqueue, record_outcomes
+from prefect_webhooks.store.schema.tables import LogPartition, store_now
+from prefect_webhooks.store.upkeep.leases import release_lease, take_lease
+from prefect_webhooks.store.upkeep.retention import PRUNE_LEASE, SEEN, RetentionPolicy, prune_store
 from tests.stored import every_attempt, every_message
 from tests.stored import finish as finish_at
 

@@ -12,10 +12,8 @@ from sqlalchemy import event, inspect, select
 from sqlalchemy.engine import Engine
 
 from prefect_webhooks.inbound.ingestion import ingest_batch
-from prefect_webhooks.store import seen_ids
-from prefect_webhooks.store.engines import dispose_engines, get_engine, insert_rows
-from prefect_webhooks.store.retention import RetentionPolicy, prune_store
-from prefect_webhooks.store.seen_ids import (
+from prefect_webhooks.store.dedupe import seen_ids
+from prefect_webhooks.store.dedupe.seen_ids import (
     LEGACY,
     PERIOD_LIST,
     hold_seen_filters,
@@ -25,7 +23,9 @@ from prefect_webhooks.store.seen_ids import (
     seal_periods,
     seen_receipts,
 )
-from prefect_webhooks.store.tables import store_now
+from prefect_webhooks.store.engine.engines import dispose_engines, get_engine, insert_rows
+from prefect_webhooks.store.schema.tables import store_now
+from prefect_webhooks.store.upkeep.retention import RetentionPolicy, prune_store
 from tests.inbound.test_ingestion import SOURCE, track
 
 

@@ -4,9 +4,9 @@ from sqlalchemy import func, inspect, select
 
 from prefect_webhooks.messages.outcomes import PENDING
 from prefect_webhooks.messages.payloads import delete_payload, identify_payload
-from prefect_webhooks.store.engines import create_schema, get_engine
-from prefect_webhooks.store.outbox import enqueue
-from prefect_webhooks.store.tables import OutboxMessage, store_now, to_store_time
+from prefect_webhooks.store.engine.engines import create_schema, get_engine
+from prefect_webhooks.store.queue.outbox import enqueue
+from prefect_webhooks.store.schema.tables import OutboxMessage, store_now, to_store_time
 
 
 def test_schema_creation_is_idempotent_on_each_backend(backend_url: str) -> None:

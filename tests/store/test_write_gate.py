@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from prefect_webhooks.store.file_modes import prepare_store_file
-from prefect_webhooks.store.write_gate import GATE_SUFFIX, GatedConnection
+from prefect_webhooks.store.engine.file_modes import prepare_store_file
+from prefect_webhooks.store.engine.write_gate import GATE_SUFFIX, GatedConnection
 
 
 def gated(path: Path, timeout: float = 30.0) -> GatedConnection:
@@ -114,7 +114,7 @@ def test_a_store_shared_with_a_group_shares_its_gate(tmp_path: Path) -> None:
 def test_a_writer_killed_inside_its_transaction_frees_the_gate(store: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sqlite3, sys, time\n"
-        "from prefect_webhooks.store.write_gate import GatedConnection\n"
+        "from prefect_webhooks.store.engine.write_gate import GatedConnection\n"
         f"c = sqlite3.connect({str(store)!r}, timeout=30, factory=GatedConnection)\n"
         "c.cursor().execute(\"INSERT INTO t (v) VALUES ('never committed')\")\n"
         "print('holding', flush=True)\n"
@@ -159,7 +159,7 @@ def test_a_writer_goes_on_without_the_gate_after_the_busy_timeout(store: Path) -
 def test_the_stores_engine_uses_the_gate(tmp_path: Path) -> None:
     from sqlalchemy import text
 
-    from prefect_webhooks.store.engines import _make_engine
+    from prefect_webhooks.store.engine.engines import _make_engine
 
     engine = _make_engine(f"sqlite:///{tmp_path / 'webhooks.db'}")
     try:

@@ -83,7 +83,7 @@ def _run_release(url: str) -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from prefect_webhooks.settings import get_settings
-    from prefect_webhooks.store.engines import dispose_engines
+    from prefect_webhooks.store.engines import dispose_engines  # the release's path (store/ was flat then)
 
     get_settings.cache_clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
@@ -101,7 +101,8 @@ def _release_code() -> Path:
     import prefect_webhooks
 
     root = Path(prefect_webhooks.__file__).resolve().parents[1]
-    if (root / "prefect_webhooks/store/message_log.py").exists():
+    # Any later code has the message log: store/message_log.py, then store/log/message_log.py.
+    if any((root / "prefect_webhooks/store" / path).exists() for path in ("message_log.py", "log/message_log.py")):
         sys.exit(f"make_stores: {root} is not the release of {RELEASE} (it has the message log); put a worktree of "
                  "4004622 first on PYTHONPATH")
     return root

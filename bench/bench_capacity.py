@@ -454,8 +454,21 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def check_serve_root(serve_root: Path) -> None:
+    """Stop with the fix when another checkout cannot run as itself: this interpreter's editable install maps
+    ``prefect_webhooks.flows`` and ``.deployments`` to this checkout's top-level folders, so a checkout whose package
+    folder lacks them would run this checkout's flows over its own modules."""
+    missing = [name for name in ("flows", "deployments") if not (serve_root / "prefect_webhooks" / name).exists()]
+    if missing:
+        links = " && ".join(f"ln -s ../{name} {serve_root}/prefect_webhooks/{name}" for name in missing)
+        raise SystemExit(f"--serve-root {serve_root}: its prefect_webhooks/ has no {' or '.join(missing)}; link the "
+                         f"checkout's own folders there first: {links}")
+
+
 def main() -> int:
     args = parse_args()
+    if args.serve_root:
+        check_serve_root(Path(args.serve_root).resolve())
     # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C, so every part started below is stopped on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     workdir = Path(tempfile.mkdtemp(prefix="bench-capacity-"))

@@ -185,3 +185,35 @@ def test_cold_lookups_run_beside_warm_ones_on_a_built_store(tmp_path: Path) -> N
     assert re.search(r"a random 4 KiB read of the evicted file: [\d.]+ ms(.|\n)*round 1, cold, the file evicted: "
                      r"p50 [\d.]+ ms, p99 [\d.]+ ms(.|\n)*round 1, reference, warm: the same users again: p50 [\d.]+ "
                      r"ms, p99 [\d.]+ ms", done.stdout), done.stdout
+
+
+def test_the_profile_breakdown_splits_samples_into_c_and_python(tmp_path: Path) -> None:
+    raw = tmp_path / "worker.raw"
+    loop = "Runner.run (asyncio/runners.py:118)"
+    raw.write_text(
+        f"{loop};CurlTransport._act (prefect_webhooks/delivery/sending/transport.py:361) 6\n"
+        f"{loop};CurlTransport._watch_socket (prefect_webhooks/delivery/sending/transport.py:336) 2\n"
+        f"{loop} 1\n"
+        "_worker (concurrent/futures/thread.py:83);record_outcomes (prefect_webhooks/store/queue/outbox.py:368);"
+        "GatedCursor._in_turn (prefect_webhooks/store/engine/write_gate.py:122) 1\n"
+    )
+    done = subprocess.run([sys.executable, str(BENCH / "profile_breakdown.py"), str(raw)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "60.0 %  libcurl" in done.stdout and "20.0 %  transport: Python" in done.stdout
+    assert "10.0 %  event loop's own C" in done.stdout and "10.0 %  SQLite (C)" in done.stdout
+    assert "in C (the floor of this design): 80.0 %; Python: 20.0 %" in done.stdout
+
+
+def test_a_reference_checkout_without_its_flows_linked_is_refused_with_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "prefect_webhooks").mkdir()
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_capacity import check_serve_root
+    finally:
+        sys.path.remove(str(BENCH))
+    with pytest.raises(SystemExit, match=r"no flows or deployments; link .*ln -s \.\./flows"):
+        check_serve_root(tmp_path)
+    (tmp_path / "prefect_webhooks" / "flows").mkdir()
+    (tmp_path / "prefect_webhooks" / "deployments").mkdir()
+    check_serve_root(tmp_path)

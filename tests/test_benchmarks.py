@@ -38,6 +38,8 @@ TINY_RUNS = {
                        r"raw aiohttp POST loop \(ceiling\)\s+\d+ msg/s(.|\n)*deliver_due \(outbox\)\s+\d+ msg/s"),
     "bench_client": (["--messages", "200", "--endpoints", "sink"],
                      r"delivered throughput ratio \(ours / Segment\): [\d.]+x"),
+    "bench_group_commit": (["--commits", "20", "--rounds", "1"],
+                           r"group commit of 1 call\(s\), SQLite, fresh store: best [\d.]+ µs a commit"),
     "bench_slow_retries": (["--messages", "12", "--rounds", "1"],
                            r"this checkout:\n +retry after its due time: sent p50 +[\d.]+ ms +p99 +[\d.]+ ms"),
     "bench_ordered_retries": (["--users", "10", "--per-user", "3", "--rounds", "1", "--limit", "12"],

@@ -55,7 +55,14 @@ from prefect_webhooks.settings import get_settings
 from prefect_webhooks.store.log.key_filters import FilterSet, KeyFilter, Probe
 from prefect_webhooks.store.log.pacing import Pacer, paced
 from prefect_webhooks.store.log.partitions import PERIODS, period_bounds, period_for_rate
-from prefect_webhooks.store.schema.tables import SeenIdPeriod, dialect_insert, store_now
+from prefect_webhooks.store.schema.driver import driver_executemany, driver_rows
+from prefect_webhooks.store.schema.tables import (
+    SeenIdPeriod,
+    dialect_insert,
+    read_store_time,
+    store_now,
+    store_time_text,
+)
 
 logger = logging.getLogger("prefect_webhooks.store.seen_ids")  # its name before store/dedupe/
 
@@ -134,7 +141,18 @@ _LIST_ENDING_AFTER = _LIST_ALL.where(
     PERIOD_LIST.c.ends_at > bindparam("ending_after", type_=PERIOD_LIST.c.ends_at.type))
 
 
+# The same list for SQLite, straight to the driver: it runs twice in every group commit of the ingest API, where
+# SQLAlchemy's execution of the built statement cost four times the query (a fifth of a one-call commit).
+_SQLITE_LIST_ENDING_AFTER = (
+    f"SELECT name, starts_at, ends_at, CASE WHEN id_filter IS NULL THEN 0 ELSE 1 END FROM {PERIOD_LIST.name} "
+    "WHERE ends_at > ? ORDER BY starts_at")
+
+
 def _listed(connection: Connection, *, ending_after: datetime | None = None) -> list[Period]:
+    if ending_after is not None and connection.dialect.name == "sqlite":
+        return [Period(name, read_store_time(starts_at), read_store_time(ends_at), bool(sealed))
+                for name, starts_at, ends_at, sealed in driver_rows(
+                    connection, _SQLITE_LIST_ENDING_AFTER, (store_time_text(ending_after),))]
     rows = (connection.execute(_LIST_ALL) if ending_after is None
             else connection.execute(_LIST_ENDING_AFTER, {"ending_after": ending_after}))
     return [Period(name, starts_at, ends_at, bool(sealed)) for name, starts_at, ends_at, sealed in rows]
@@ -212,7 +230,7 @@ def _look_up(connection: Connection, table: Table, keys: Sequence[bytes]) -> lis
         if connection.dialect.name == "sqlite":
             # Straight to the driver: SQLAlchemy's expanding IN cost more than the lookup itself.
             statement = f'SELECT key, received_ms FROM "{table.name}" WHERE key IN ({", ".join("?" * len(chunk))})'
-            rows.extend(connection.exec_driver_sql(statement, tuple(chunk)).all())
+            rows.extend(driver_rows(connection, statement, tuple(chunk)))
         else:
             rows.extend(connection.execute(select(table.c.key, table.c.received_ms).where(table.c.key.in_(chunk))))
     return rows
@@ -237,7 +255,7 @@ def remember_receipts(connection: Connection, source: str, receipts: Sequence[tu
     for name, rows in by_period.items():
         table = period_table(name)
         if connection.dialect.name == "sqlite":
-            connection.exec_driver_sql(f'INSERT OR REPLACE INTO "{name}" (key, received_ms) VALUES (?, ?)', rows)
+            driver_executemany(connection, f'INSERT OR REPLACE INTO "{name}" (key, received_ms) VALUES (?, ?)', rows)
         else:
             statement = dialect_insert(connection)(table)
             connection.execute(statement.on_conflict_do_update(

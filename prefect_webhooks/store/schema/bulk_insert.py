@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import DateTime, insert
 from sqlalchemy.engine import Connection
 
+from prefect_webhooks.store.schema.driver import driver_executemany
 from prefect_webhooks.store.schema.tables import store_time_text
 
 
@@ -42,5 +43,5 @@ def insert_rows(connection: Connection, table: Any, rows: Sequence[dict[str, Any
                     text = formatted[moment] = store_time_text(moment)
                 row_values[i] = text
         parameters.append(tuple(row_values))
-    connection.exec_driver_sql(statement, parameters)
+    driver_executemany(connection, statement, parameters)
     return len(rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from tests.docs_pages import page
-from tests.hosts import HAPROXY_CONFIG
+from tests.hosts import HAPROXY_CONFIG, SERVER_KEEPALIVES
 from tests.hosts.test_several_hosts import CONNECTION_OPTIONS
 
 
@@ -25,3 +25,10 @@ def test_the_guides_haproxy_configuration_is_the_tested_one() -> None:
 def test_the_guides_connection_string_has_the_tested_options() -> None:
     guide = page("operations/several-hosts.md")
     assert f"/webhooks?{CONNECTION_OPTIONS}'" in guide
+
+
+def test_the_guides_server_settings_are_the_tested_ones() -> None:
+    guide = page("operations/several-hosts.md")
+    for setting in SERVER_KEEPALIVES[1::2]:
+        name, value = setting.split("=")
+        assert f"{name} = {value}\n" in guide, setting

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -85,6 +86,9 @@ class Cluster:
     store_url: str
     auth: str
     workdir: Path
+    prefect_url: str = ""
+    app_store_url: str = ""
+    serves: dict[str, subprocess.Popen[Any]] = field(default_factory=dict)
     steps: int = 0
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -147,11 +151,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             save_source(SOURCE, write_key, [DESTINATION])
         cluster = Cluster(network, apps, receiver_url, "", store_url,
                           "Basic " + base64.b64encode(f"{write_key}:".encode()).decode(), workdir)
-        processes = {name: start_serve(cluster, host, prefect_url, f"{store_url}?{CONNECTION_OPTIONS}")
-                     for name, host in apps.items()}
+        cluster.prefect_url, cluster.app_store_url = prefect_url, f"{store_url}?{CONNECTION_OPTIONS}"
+        cluster.serves = {name: start_serve(cluster, host, prefect_url, cluster.app_store_url)
+                          for name, host in apps.items()}
         for name, host in apps.items():
             wait_http(f"http://{host.address(FRONT)}:{INGEST_PORT}/health", 180, f"serve on {name}",
-                      processes[name], workdir / f"serve-{name}.log")
+                      cluster.serves[name], workdir / f"serve-{name}.log")
         cluster.lb_url = start_haproxy(lb, list(apps.values()), workdir)
         yield cluster
         print("\nseveral hosts, per fault:\n" + "\n".join(f"  {name}: {json.dumps(result)}"
@@ -348,6 +353,7 @@ def test_a_host_cut_off_from_the_database_answers_503_and_sends_nothing_after_th
         "seconds to each answer": waits,
         "cut at": round(cut_at - stream.started, 1), "healed at": round(healed_at - stream.started, 1)}
     print(f"\nlink to the database cut: {cluster.results['database link cut 12 s']}")
+    assert stream.result["answers"] == {"200": stream.result["sent"] // BATCH}, stream.result["answers"]
     assert acknowledged <= delivered, f"acknowledged but not delivered: {sorted(acknowledged - delivered)[:20]}"
     assert 200 not in answers, "the cut host's ingest API accepted a call it could not store"
     assert 503 in answers, answers
@@ -395,8 +401,76 @@ def test_a_lost_hosts_leased_messages_are_delivered_by_the_other_within_a_lease(
         "its messages delivered by the other after (s)": slowest}
     print(f"\nhost lost: {cluster.results['host lost']}")
     assert killed >= 3
+    assert stream.result["answers"] == {"200": stream.result["sent"] // BATCH}, stream.result["answers"]
     assert acknowledged <= delivered, f"acknowledged but not delivered: {sorted(acknowledged - delivered)[:20]}"
     assert held, "the loss must land while the host holds leases"
     assert held <= set(late), f"held by the lost host, never delivered by the other: {sorted(held - set(late))[:20]}"
     assert slowest <= LEASE_SECONDS + CLAIM_INTERVAL + 2.0, late
     assert set(duplicates) <= held, f"duplicates of messages the lost host did not hold: {set(duplicates) - held}"
+
+
+# Each host's serve stops (SIGTERM), starts again and is healthy within this; the stream covers both restarts (90 s
+# in the first run: each serve took 23-26 s to stop and 10-19 s to answer /health again).
+ROLLING_STREAM_SECONDS = 100.0
+DELIVERY_P99_SECONDS = 2.0
+
+
+def test_a_rolling_restart_loses_nothing(cluster: Cluster) -> None:
+    """Under the stream, each application host in turn gets SIGTERM for its serve, which is started again once it has
+    stopped: each serve exits 0 and is back within the stream, nothing acknowledged is lost. What the load balancer
+    refused and how long delivery took are asserted by the next test."""
+    # Last in the module: the host the loss test took away comes back first (links up, serve started again).
+    for name, host in cluster.apps.items():
+        if cluster.serves[name].poll() is not None:
+            for network in host.networks:
+                cluster.network.heal(host, network)
+            cluster.serves[name] = start_serve(cluster, host, cluster.prefect_url, cluster.app_store_url)
+            wait_http(f"http://{host.address(FRONT)}:{INGEST_PORT}/health", 180, f"serve on {name} back",
+                      cluster.serves[name], cluster.workdir / f"serve-{name}.log")
+    time.sleep(3)  # haproxy's two passed checks
+    restarts: dict[str, dict[str, float]] = {}
+    with Stream(cluster, ROLLING_STREAM_SECONDS) as stream:
+        time.sleep(5)
+        for name, host in cluster.apps.items():
+            process = cluster.serves[name]
+            asked = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            process.wait(90)
+            stopped = time.monotonic()
+            cluster.serves[name] = start_serve(cluster, host, cluster.prefect_url, cluster.app_store_url)
+            wait_http(f"http://{host.address(FRONT)}:{INGEST_PORT}/health", 180, f"serve on {name} restarted",
+                      cluster.serves[name], cluster.workdir / f"serve-{name}.log")
+            healthy = time.monotonic()
+            # haproxy takes it back after two passed checks 0.5 s apart; the next host stops only once it has.
+            time.sleep(3)
+            restarts[name] = {"exit code": process.returncode, "stopped in (s)": round(stopped - asked, 1),
+                              "healthy again after (s)": round(healthy - stopped, 1),
+                              "at (s into the stream)": round(time.time() - stream.started - (healthy - asked), 1)}
+        restarted_by = time.time() - stream.started
+    acknowledged = stream.acknowledged()
+    by_message = drained(cluster, stream.step, acknowledged, 90)
+    delivered = {seq for seq, arrivals in by_message.items() if any(status == 200 for _, _, status in arrivals)}
+    stats = cluster.stats(stream.step)
+    cluster.results["rolling restart"] = {
+        "sent": stream.result["sent"], "answers at the LB": stream.result["answers"], "delivered": len(delivered),
+        "duplicates": sum(duplicates_of(by_message).values()), "delivery p50 (s)": round(stats["p50"], 3),
+        "delivery p99 (s)": round(stats["p99"], 3), "delivery max (s)": round(stats["max"], 3),
+        "ack p99 (s)": round(stream.result["ack_p99"], 3), "restarts": restarts,
+        "both restarted by (s)": round(restarted_by, 1)}
+    print(f"\nrolling restart: {cluster.results['rolling restart']}")
+    assert acknowledged <= delivered, f"acknowledged but not delivered: {sorted(acknowledged - delivered)[:20]}"
+    assert all(restart["exit code"] == 0 for restart in restarts.values()), restarts
+    assert restarted_by < ROLLING_STREAM_SECONDS, "the stream ended before both hosts were back"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not met on the 2-core test machine (2026-12-04): while one host restarts, the other alone answers /health in "
+    "over haproxy's 2 s check timeout, goes DOWN, and haproxy answers 503 with no server left (1,755 of 7,500 calls "
+    "in the first run; delivery p99 16.4 s). The remedy (a /health that a group commit cannot hold up, serve "
+    "failing /health before it stops) is not done yet"))
+def test_a_rolling_restart_refuses_no_call_and_delivers_within_2_s(cluster: Cluster) -> None:
+    """The rolling restart above (issue 54): 0 calls refused at the load balancer, delivery p99 within 2 s."""
+    result = cluster.results.get("rolling restart")
+    assert result is not None, "test_a_rolling_restart_loses_nothing did not run"
+    assert result["answers at the LB"] == {"200": result["sent"] // BATCH}, result["answers at the LB"]
+    assert result["delivery p99 (s)"] <= DELIVERY_P99_SECONDS, result["delivery p99 (s)"]

@@ -40,8 +40,7 @@ print(json.dumps({"claimed": sorted(row.id for row in claimed), "lease": take_le
 
 
 def run_skewed(seconds: float, owner: str, lease_seconds: float = 30.0) -> dict[str, object]:
-    env = {**os.environ, **skewed_env(seconds),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **skewed_env(seconds)}
     done = subprocess.run([sys.executable, "-c", SKEWED_CODE, owner, str(lease_seconds)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,10 +7,11 @@
   ``Completed`` with its counts when its flow returned (only the report waited), ``Crashed`` with the reason when it
   never started (created or taken just as the API went away) or was cut short; its artifacts are published.
 - Runs of the served deployments that Prefect's runner took but could not start during the outage stay ``Pending``
-  for good: ``PREFECT_WEBHOOKS_STUCK_RUN_SECONDS`` (30 s) plus ``SWEEP_MARGIN_SECONDS`` after the API's return (time
-  enough for a run being started then to report itself running, through its client's retries) those ``Pending`` for
-  the setting's seconds are set ``Crashed``; the next scheduled runs cover their slots. Runs of work-pool deployments
-  are left to their workers.
+  for good: ``SWEEP_MARGIN_SECONDS`` after the API's return (time enough for a run being started then to report itself
+  running, through its client's retries) the worker notes which are ``Pending``, and those still in that same state
+  ``PREFECT_WEBHOOKS_STUCK_RUN_SECONDS`` (30 s) later are set ``Crashed``; the next scheduled runs cover their slots.
+  Watched on this host's monotonic clock, never dated: the hosts' wall clocks may disagree. Runs of work-pool
+  deployments are left to their workers.
 
 The ledger is kept in ``<home>/local-copy/run-records.json`` (run ids, counts, the artifacts' rows: no secret), so
 what a worker stopped during an outage could not record is recorded by the next worker of the host (``serve``
@@ -25,7 +26,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
@@ -38,7 +39,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterStateType,
     FlowRunFilterTags,
 )
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.states import Completed, Crashed
 
 from prefect_webhooks.blocks.api_status import PrefectApi, PrefectApiUnavailable
@@ -191,11 +192,18 @@ class RunRecords:
         self.swept_outages = self.api.outages
 
         async def sweep() -> None:
-            await asyncio.sleep(self.stuck_run_seconds + SWEEP_MARGIN_SECONDS)
             # Runs taken during the outage, and just after the return by a runner that lived through it (serve
             # replaces that runner within seconds: serving.api_watch), have been Pending for longer than any start.
-            cutoff = datetime.now(timezone.utc) - timedelta(seconds=self.stuck_run_seconds)
-            await self._record(lambda: self.crash_stuck_runs(client, cutoff))
+            await asyncio.sleep(SWEEP_MARGIN_SECONDS)
+            first_look: dict[UUID, UUID | None] = {}
+
+            async def look() -> None:
+                pending = await pending_served_runs(client)
+                first_look.update({run_id: _state_id(run) for run_id, run in pending.items()})
+
+            if await self._record(look) and first_look:
+                await asyncio.sleep(self.stuck_run_seconds)
+                await self._record(lambda: self.crash_stuck_runs(client, first_look))
 
         task = asyncio.ensure_future(sweep())
         self.sweeps.add(task)
@@ -206,15 +214,16 @@ class RunRecords:
         for task in self.sweeps:
             task.cancel()
 
-    async def crash_stuck_runs(self, client: PrefectClient, cutoff: datetime) -> None:
-        """Set ``Crashed`` the served runs of this package (its tag, no work pool) ``Pending`` since before
-        ``cutoff``."""
-        pending = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING])),
-            tags=FlowRunFilterTags(all_=TAGS)), limit=200)
-        for run in pending:
-            if run.work_pool_name is None and run.state is not None and run.state.timestamp < cutoff:
-                await client.set_flow_run_state(run.id, Crashed(message=(
+    async def crash_stuck_runs(self, client: PrefectClient, first_look: dict[UUID, UUID | None]) -> None:
+        """Set ``Crashed`` the served runs of this package still in the ``Pending`` state they were in at
+        ``first_look`` (run id → state id), ``stuck_run_seconds`` ago by this host's monotonic clock.
+
+        Watched, not dated: a Pending state's timestamp comes from the clock of the host whose runner took the run,
+        and this host's wall clock may be a minute off from it (several hosts): a cut-off on either would crash a run
+        another host has just taken, or never crash a stuck one."""
+        for run_id, run in (await pending_served_runs(client)).items():
+            if run_id in first_look and first_look[run_id] == _state_id(run):
+                await client.set_flow_run_state(run_id, Crashed(message=(
                     "This run crashed: it was taken while the Prefect API could not be reached and never started; "
                     "the next scheduled run covers its slot.")), force=True)
                 logger.info("run %s (Pending since the Prefect outage) marked Crashed", run.name)
@@ -225,3 +234,15 @@ class RunRecords:
             what = offline_message(entry) if key.startswith("offline:") else f"the end of deliver run {key[4:]}"
             logger.warning("not recorded in Prefect yet (its API could not be reached; the next worker of this host "
                            "records it): %s", what)
+
+
+async def pending_served_runs(client: PrefectClient) -> dict[UUID, FlowRun]:
+    """The ``Pending`` runs of the deployments ``serve`` runs itself (this package's tag, no work pool), by id."""
+    pending = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING])),
+        tags=FlowRunFilterTags(all_=TAGS)), limit=200)
+    return {run.id: run for run in pending if run.work_pool_name is None}
+
+
+def _state_id(run: FlowRun) -> UUID | None:
+    return run.state.id if run.state is not None else None

@@ -293,14 +293,18 @@ def stop_children(children: Sequence[Child | Sequence[Child]], grace_seconds: fl
     ``grace_seconds`` (its ``outage_grace`` when ``api_down``), then its group is killed."""
     for stage in children:
         together = [stage] if isinstance(stage, Child) else list(stage)
+        asked = time.monotonic()
         for child in together:
             child.terminate()
         grace = min([grace_seconds, *(child.outage_grace for child in together if api_down and child.outage_grace)])
-        deadline = time.monotonic() + grace
+        deadline = asked + grace
         for child in together:
             if not child.wait(max(deadline - time.monotonic(), 0.0)):
                 print(f"prefect-webhooks serve: {child.name} did not stop in {grace:.0f} s; killing it",
                       file=sys.stderr)
+            else:
+                # Where a stop's time goes (a rolling restart waits for it), said for each stage.
+                print(f"prefect-webhooks serve: {child.name} stopped in {time.monotonic() - asked:.1f} s", flush=True)
         for child in together:
             # Anything left in the group (a flow-run process) goes too, reporting its run as Crashed; ``serve``
             # then releases what it had claimed.

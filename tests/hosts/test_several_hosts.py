@@ -433,10 +433,16 @@ def test_a_rolling_restart_loses_nothing(cluster: Cluster) -> None:
         time.sleep(5)
         for name, host in cluster.apps.items():
             process = cluster.serves[name]
+            log = cluster.workdir / f"serve-{name}.log"
+            logged = log.stat().st_size
             asked = time.monotonic()
             process.send_signal(signal.SIGTERM)
             process.wait(90)
             stopped = time.monotonic()
+            with log.open("rb") as lines:
+                lines.seek(logged)
+                stages = [line.split("serve: ", 1)[1].strip() for line in lines.read().decode(errors="replace")
+                          .splitlines() if "prefect-webhooks serve: " in line and " stop" in line]
             cluster.serves[name] = start_serve(cluster, host, cluster.prefect_url, cluster.app_store_url)
             wait_http(f"http://{host.address(FRONT)}:{INGEST_PORT}/health", 180, f"serve on {name} restarted",
                       cluster.serves[name], cluster.workdir / f"serve-{name}.log")
@@ -444,7 +450,7 @@ def test_a_rolling_restart_loses_nothing(cluster: Cluster) -> None:
             # haproxy takes it back after two passed checks 0.5 s apart; the next host stops only once it has.
             time.sleep(3)
             restarts[name] = {"exit code": process.returncode, "stopped in (s)": round(stopped - asked, 1),
-                              "healthy again after (s)": round(healthy - stopped, 1),
+                              "healthy again after (s)": round(healthy - stopped, 1), "its stages": stages,
                               "at (s into the stream)": round(time.time() - stream.started - (healthy - asked), 1)}
         restarted_by = time.time() - stream.started
     acknowledged = stream.acknowledged()

@@ -39,15 +39,11 @@ class BatchWriter:
     """The API's single writer: commits the batches of concurrent requests together (group commit).
 
     SQLite has one writer at a time, so one committer writing everything that is waiting in one transaction beats
-    many small transactions. On SQLite it runs on the event loop, between requests, not in a thread: measured on
-    this machine, a writer thread spent most of its time waiting for the GIL (the sqlite3 driver releases and
-    retakes it around every row while the loop thread parses requests), which cut throughput by more than half.
-    On PostgreSQL a commit is round trips to another host, waited for with the GIL released: there it runs in a
-    thread (``off_loop``), so the loop goes on reading requests and answering ``/health`` meanwhile. On the loop, a
-    commit held up by the database (a lock another host holds, a server falling behind) held up every health check
-    with it, and the load balancer took a host out for a slow commit. Each request awaits its future, answered only
-    after the commit. A group holds at most ``max_group_messages`` calls; between groups the loop reads more
-    requests.
+    many small transactions. It runs on the event loop, between requests, not in a thread: measured on this
+    machine, a writer thread spent most of its time waiting for the GIL (the sqlite3 driver releases and retakes
+    it around every row while the loop thread parses requests), which cut throughput by more than half. Each
+    request awaits its future, answered only after the commit. A group holds at most ``max_group_messages``
+    calls; between groups the loop reads more requests.
     """
 
     def __init__(
@@ -56,10 +52,8 @@ class BatchWriter:
         *,
         max_pending: int | None = None,
         max_group_messages: int = 5000,
-        off_loop: bool | None = None,
     ) -> None:
         self.engine = engine
-        self.off_loop = engine.dialect.name == "postgresql" if off_loop is None else off_loop
         self.max_pending = max_pending if max_pending is not None else get_settings().ingest.ingest_max_pending
         self.max_group_messages = max_group_messages
         self._waiting: list[_Item] = []
@@ -110,46 +104,37 @@ class BatchWriter:
         # Let requests already being read finish parsing, so they join this group.
         await asyncio.sleep(0)
         while self._waiting:
-            group = self._take_group()
-            if self.off_loop:
-                results, error = await asyncio.to_thread(self._write, group)
-            else:
-                results, error = self._write(group)
-            self._answer(group, results, error)
-            if self._analyze_due():
-                await asyncio.to_thread(self._analyze)
+            self._write(self._take_group())
+            self._maybe_analyze()
             await asyncio.sleep(0)
 
-    def _write(self, group: list[_Item]) -> tuple[list[IngestResult], BaseException | None]:
-        """Commit the group's batches in one transaction: their results, or the error every request is answered."""
+    def _write(self, group: list[_Item]) -> None:
+        error: BaseException | None = None
+        results: list[IngestResult] = []
         try:
             with self.engine.begin() as connection:
-                return commit_batches(connection, [item[0] for item in group]), None
+                results = commit_batches(connection, [item[0] for item in group])
         except Exception as exc:  # answered to every request of the group as a 5xx
             logger.error("ingest write failed: %s", type(exc).__name__)
-            return [], exc
-
-    def _answer(self, group: list[_Item], results: list[IngestResult], error: BaseException | None) -> None:
-        self._pending -= sum(len(item[0].messages) for item in group)
+            error = exc
+        finally:
+            self._pending -= sum(len(item[0].messages) for item in group)
         if error is None:
             self._written += sum(result.accepted for result in results)
         for position, (_batch, future) in enumerate(group):
             _resolve(future, None if error else results[position], error)
 
-    def _analyze_due(self) -> bool:
-        """PostgreSQL: whether to refresh the planner's statistics now, while the tables are young (after 10,000,
-        100,000 and 1,000,000 calls written by this process).
+    def _maybe_analyze(self) -> None:
+        """PostgreSQL: refresh the planner's statistics while the tables are young (after 10,000, 100,000 and
+        1,000,000 calls written by this process).
 
         On a new database the planner has no statistics on the queue yet; under a steady load autovacuum's first
         ANALYZE comes a minute or more later. (The dedupe lookup needs none: each period's key is unique, so its
         index is taken on any statistics.) Later statistics are autovacuum's business.
         """
         if self._written < self._analyze_at or self.engine.dialect.name != "postgresql":
-            return False
+            return
         self._analyze_at = self._analyze_at * 10 if self._analyze_at < ANALYZE_LAST_AT else float("inf")
-        return True
-
-    def _analyze(self) -> None:
         try:
             with self.engine.begin() as connection:
                 connection.exec_driver_sql(f"ANALYZE {OutboxMessage.__tablename__}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -62,47 +61,3 @@ async def test_batch_writer_gives_a_new_postgres_queue_statistics() -> None:
     # Analysed at 10,000 calls written, before autovacuum's first pass (never analysed: -1).
     assert tuples >= 20_000
     engine.dispose()
-
-
-@pytest.mark.postgres
-@pytest.mark.parametrize("off_loop", [True, False], ids=["in-a-thread", "on-the-loop"])
-async def test_a_commit_held_up_by_postgres_leaves_the_loop_free(postgres_url: str, off_loop: bool) -> None:
-    """On PostgreSQL the group commit waits for the database in a thread: a commit held up for 2 s by a lock another
-    connection holds (another host's transaction) leaves the event loop answering (``/health``, other requests'
-    reading) within a fraction of a second. On the loop, as SQLite runs it, the loop stops for those 2 s."""
-    import threading
-
-    import psycopg
-
-    engine = get_engine(postgres_url)
-    assert BatchWriter(engine).off_loop, "on PostgreSQL the writer works in a thread by default"
-    writer = BatchWriter(engine, off_loop=off_loop)
-    locked, held_for = threading.Event(), 2.0
-
-    def hold_the_queue() -> None:
-        with psycopg.connect(postgres_url) as holder:
-            holder.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
-            locked.set()
-            time.sleep(held_for)
-            holder.rollback()
-
-    holding = threading.Thread(target=hold_the_queue)
-    holding.start()
-    assert await asyncio.to_thread(locked.wait, 10)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    written = asyncio.ensure_future(writer.submit(prepare_batch([track("held")], SOURCE)))
-    lags, done_early = [], False
-    while loop.time() - started < held_for + 0.5:
-        asked = loop.time()
-        await asyncio.sleep(0.05)
-        lags.append(loop.time() - asked - 0.05)
-        done_early = done_early or (written.done() and loop.time() - started < held_for * 0.75)
-    assert (await written).accepted == 1
-    await writer.stop()
-    await asyncio.to_thread(holding.join, 10)
-    assert not done_early, "the lock must hold the commit up"
-    if off_loop:
-        assert max(lags) < 0.5, f"the loop stopped for {max(lags):.2f} s during the commit"
-    else:
-        assert max(lags) > 1.0, "on the loop, the held commit stops the loop (the case the thread is for)"

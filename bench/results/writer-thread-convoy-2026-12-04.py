@@ -8,13 +8,20 @@ thread"). It needs ``BatchWriter(off_loop=...)``, which only commit 8066304 had:
 Eight clients submit batches of 100 calls for 8 s; with ``busy`` a coroutine spends 2 ms of CPU at a time on the loop
 between awaits, as request parsing does on a saturated host. Printed: messages committed a second.
 """
-import asyncio, os, sys, time
+import asyncio
+import os
+import sys
+import time
+
 sys.path.insert(0, os.getcwd())
+import uuid
+
+import psycopg
+
 from prefect_webhooks.inbound.batch_writer import BatchWriter
 from prefect_webhooks.inbound.ingestion import prepare_batch
 from prefect_webhooks.store.engine.engines import get_engine
 from tests.inbound.test_ingestion import SOURCE, track
-import psycopg, uuid
 
 server = os.environ["PREFECT_WEBHOOKS_TEST_POSTGRES_URL"]
 
@@ -41,7 +48,6 @@ async def run(off_loop, busy, seconds=8.0):
             n += 1
     burners = [asyncio.ensure_future(burner()) for _ in range(busy)]
     done0 = writer._written
-    cpu0 = time.process_time(); t0 = time.monotonic()
     clients = [asyncio.ensure_future(client(k)) for k in range(8)]
     await asyncio.sleep(seconds)
     written = writer._written - done0

@@ -110,3 +110,25 @@ def test_a_store_opens_on_the_writable_one_of_several_hosts(tmp_path: Path, monk
     finally:
         dispose_engines()
 
+
+@pytest.mark.postgres
+def test_a_connection_to_a_server_that_takes_no_writes_is_dropped_and_the_next_one_writes(postgres_url: str) -> None:
+    # A pooled connection that reached a standby (or a primary since demoted): the pool's pre-ping passes there, so
+    # without its invalidation every retry would be refused again ("cannot execute INSERT in a read-only
+    # transaction"). Here the session is made read-only by hand, as a standby's are.
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from prefect_webhooks.delivery.pacing.context import is_store_unavailable
+    from prefect_webhooks.store.engine.engines import get_engine
+
+    engine = get_engine(postgres_url)
+    insert = text("INSERT INTO store_identity (id, key) VALUES (2, 'readonly-test')")
+    with engine.connect() as connection:
+        connection.exec_driver_sql("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        connection.commit()
+        with pytest.raises(DBAPIError) as refused:
+            connection.execute(insert)
+    assert refused.value.connection_invalidated and is_store_unavailable(refused.value)
+    with engine.begin() as connection:
+        connection.execute(insert)

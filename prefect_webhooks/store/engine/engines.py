@@ -187,11 +187,28 @@ def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -
             event.listen(engine, "connect", _no_autocheckpoint)
     else:
         engine = create_engine(sqlalchemy_url(url), pool_size=10, max_overflow=20, pool_pre_ping=True)
+        event.listen(engine, "handle_error", _read_only_server_is_a_disconnect)
         # Times that decide ownership and due-ness come from the database's clock (``clock``).
         follow_database_clock(engine)
     if create:
         create_schema(engine)
     return engine
+
+
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction: "cannot execute INSERT in a read-only transaction"
+
+
+def _read_only_server_is_a_disconnect(context: Any) -> None:
+    """A statement refused because the server takes no writes (a standby, a demoted primary) ends its connection.
+
+    ``target_session_attrs=read-write`` keeps new connections off such a server, but a pooled connection made
+    earlier stays where it is, and the pool's pre-ping (``SELECT 1``) passes on a standby: without this every retry
+    of the store call would take the same connection and be refused again. Counted as a disconnect, the pool drops
+    its connections and the next checkout connects anew, to the server that takes writes; the caller sees an error
+    with ``connection_invalidated`` and retries it as a store that is unavailable for a moment.
+    """
+    if getattr(context.original_exception, "sqlstate", None) == READ_ONLY_SQLSTATE:
+        context.is_disconnect = True
 
 
 @dataclass

@@ -61,8 +61,11 @@ def store_location(url: str) -> str:
     userinfo, at, hosts = parts.netloc.rpartition("@")
     if ":" in userinfo:
         parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***{at}{hosts}")
-    query = "&".join("password=***" if pair.lower().startswith("password=") else pair
-                     for pair in parts.query.split("&")) if parts.query else parts.query
+    query = (
+        "&".join("password=***" if pair.lower().startswith("password=") else pair for pair in parts.query.split("&"))
+        if parts.query
+        else parts.query
+    )
     return urlunsplit(parts._replace(query=query))
 
 

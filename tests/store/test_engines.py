@@ -49,8 +49,10 @@ def test_a_column_a_later_release_added_is_added_to_an_existing_store(backend_ur
 
 
 # The guide's form (docs/operations/several-hosts.md): libpq's several hosts, a primary and its standby.
-LIBPQ_MULTI_HOST = ("postgresql://webhooks:secret@db1.internal:5432,db2.internal:5433/webhooks"
-                    "?target_session_attrs=read-write&connect_timeout=3")
+LIBPQ_MULTI_HOST = (
+    "postgresql://webhooks:secret@db1.internal:5432,db2.internal:5433/webhooks"
+    "?target_session_attrs=read-write&connect_timeout=3"
+)
 
 
 def test_libpqs_several_hosts_become_the_hosts_sqlalchemy_connects_to() -> None:
@@ -67,12 +69,18 @@ def test_libpqs_several_hosts_become_the_hosts_sqlalchemy_connects_to() -> None:
     assert (arguments["target_session_attrs"], arguments["connect_timeout"]) == ("read-write", "3")
 
 
-@pytest.mark.parametrize(("url", "expected"), [
-    ("postgresql://u:pw@db:5432/webhooks?connect_timeout=3", "postgresql+psycopg://u:pw@db:5432/webhooks?connect_timeout=3"),
-    ("postgres://u@db/webhooks", "postgresql+psycopg://u@db/webhooks"),
-    ("postgresql+psycopg://u@db1,db2/webhooks", "postgresql+psycopg://u@/webhooks?host=db1&host=db2"),
-    ("sqlite:////tmp/webhooks.db", "sqlite:////tmp/webhooks.db"),
-])
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "postgresql://u:pw@db:5432/webhooks?connect_timeout=3",
+            "postgresql+psycopg://u:pw@db:5432/webhooks?connect_timeout=3",
+        ),
+        ("postgres://u@db/webhooks", "postgresql+psycopg://u@db/webhooks"),
+        ("postgresql+psycopg://u@db1,db2/webhooks", "postgresql+psycopg://u@/webhooks?host=db1&host=db2"),
+        ("sqlite:////tmp/webhooks.db", "sqlite:////tmp/webhooks.db"),
+    ],
+)
 def test_single_host_and_other_urls_keep_their_form(url: str, expected: str) -> None:
     from prefect_webhooks.store.engine.engines import sqlalchemy_url
 
@@ -101,8 +109,10 @@ def test_a_store_opens_on_the_writable_one_of_several_hosts(tmp_path: Path, monk
 
     real = urlsplit(_fresh_postgres_database(postgres_server()))
     userinfo = real.netloc.rpartition("@")[0]
-    url = (f"postgresql://{userinfo}@127.0.0.1:1,{real.hostname}:{real.port or 5432}{real.path}"
-           "?target_session_attrs=read-write&connect_timeout=3")
+    url = (
+        f"postgresql://{userinfo}@127.0.0.1:1,{real.hostname}:{real.port or 5432}{real.path}"
+        "?target_session_attrs=read-write&connect_timeout=3"
+    )
     monkeypatch.setenv("PREFECT_WEBHOOKS_HOME", str(tmp_path))
     try:
         with get_engine(url).connect() as connection:

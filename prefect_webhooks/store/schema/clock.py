@@ -106,8 +106,12 @@ class DatabaseClock:
         with self._lock:
             kept = self._reading
             same_server = server is None or self._server is None or server == self._server
-            if (kept is not None and same_server and round_trip > 1.5 * kept[2] + 0.001
-                    and answered - kept[1] < TRUST_SECONDS):
+            if (
+                kept is not None
+                and same_server
+                and round_trip > 1.5 * kept[2] + 0.001
+                and answered - kept[1] < TRUST_SECONDS
+            ):
                 return
             self._reading = (value, (sent + answered) / 2, round_trip)
             if server is not None:

@@ -50,14 +50,23 @@ class StoreSettings(_SettingsGroup):
 
 
 def store_location(url: str) -> str:
-    """``url`` as people read it: a SQLite file's path, or the URL with ``***`` for its password."""
+    """``url`` as people read it: a SQLite file's path, or the URL with ``***`` for its password.
+
+    The netloc is not parsed into host and port: libpq's several hosts (``db1:5432,db2:5432``) have no one port,
+    and ``urlsplit``'s ``port`` raises on them. A password given as a query parameter is hidden too.
+    """
     if url.startswith("sqlite"):
         return url.split("///", 1)[-1] or url
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if ":" in userinfo:
+        parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***{at}{hosts}")
+    query = (
+        "&".join("password=***" if pair.lower().startswith("password=") else pair for pair in parts.query.split("&"))
+        if parts.query
+        else parts.query
+    )
+    return urlunsplit(parts._replace(query=query))
 
 
 class DeliverySettings(_SettingsGroup):

@@ -11,6 +11,9 @@ load balancer and reads the store. ``N`` is chosen so that it overlaps no route 
 they happen: ``Host.lose()`` kills every process in the host's namespace at once (``ip netns pids``) and takes its
 links down; ``Network.cut(host, "back")`` takes the switch's port of one host's back link down (the host's own
 interface stays up, its packets go nowhere: a partition, not a refused connection) and ``heal`` brings it back.
+A database host may run a primary (``start_postgres``) or a streaming standby of another's (``start_standby``);
+``pg_ctl(host, "stop", "-m", "immediate")`` stops its server as a crash would and ``pg_ctl(host, "promote")``
+promotes a standby.
 
 Everything is removed at ``close()``: processes in the namespaces, the namespaces (their interfaces go with them),
 this namespace's ends of the links. Needs root and ``ip`` (iproute2); ``require_namespaces()`` skips a test
@@ -75,6 +78,7 @@ class Host:
     number: int
     networks: tuple[str, ...]
     processes: list[subprocess.Popen[Any]] = field(default_factory=list)
+    postgres_data: Path | None = None  # the data folder of the PostgreSQL cluster it runs, if any
 
     @property
     def namespace(self) -> str:
@@ -245,25 +249,54 @@ def _tail(log: Path | None) -> str:
 SERVER_KEEPALIVES = ("-c", "tcp_keepalives_idle=5", "-c", "tcp_keepalives_interval=2", "-c", "tcp_keepalives_count=2")
 
 
-def start_postgres(host: Host, *, port: int = PG_PORT) -> str:
-    """A fresh PostgreSQL cluster on ``host``'s back address, as the ``postgres`` user, in a folder of its own under
-    /tmp (removed with the network); returns the server's URL (database ``postgres``)."""
-    bin_dir = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
+def _postgres_bin(program: str) -> str:
+    return str(sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1] / program)
+
+
+def _postgres_folder(host: Host) -> Path:
+    """A folder of the ``postgres`` user under /tmp for ``host``'s cluster (removed with the network)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"{host.namespace}-pg-"))
     host.network.folders.append(workdir)
-    data = workdir / "pgdata"
     shutil.chown(workdir, "postgres")
-    subprocess.run(["runuser", "-u", "postgres", "--", str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres",
+    return workdir
+
+
+def start_postgres(host: Host, *, port: int = PG_PORT, settings: Sequence[str] = ()) -> str:
+    """A fresh PostgreSQL cluster on ``host``'s back address, as the ``postgres`` user, in a folder of its own under
+    /tmp (removed with the network); returns the server's URL (database ``postgres``). ``settings``: more ``-c``
+    arguments (on the command line, so a standby copied from this cluster does not get them)."""
+    workdir = _postgres_folder(host)
+    data = workdir / "pgdata"
+    subprocess.run(["runuser", "-u", "postgres", "--", _postgres_bin("initdb"), "-D", str(data), "-U", "postgres",
                     "--auth=trust", "-E", "UTF8"], check=True, capture_output=True)
     with (data / "pg_hba.conf").open("a") as hba:
         hba.write("host all all 0.0.0.0/0 trust\nhost replication all 0.0.0.0/0 trust\n")
+    return _run_postgres(host, data, port, settings)
+
+
+def start_standby(host: Host, primary: Host, *, name: str, port: int = PG_PORT) -> str:
+    """A streaming standby of ``primary``'s cluster on ``host`` (``pg_basebackup -R`` from it, over the back network),
+    its walreceiver named ``name`` (what ``synchronous_standby_names`` on the primary names); returns its URL."""
+    workdir = _postgres_folder(host)
+    data, log = workdir / "pgdata", workdir / "basebackup.log"
+    copy = host.run([_postgres_bin("pg_basebackup"), "-h", primary.address(BACK), "-p", str(port), "-U", "postgres",
+                     "-D", str(data), "-R", "-X", "stream", "-c", "fast"], user="postgres", log=log)
+    if copy.wait(300) != 0:
+        raise RuntimeError(f"pg_basebackup failed: {_tail(log)}")
+    host.processes.remove(copy)
+    # The walreceiver's application_name is cluster_name.
+    return _run_postgres(host, data, port, ("-c", f"cluster_name={name}"))
+
+
+def _run_postgres(host: Host, data: Path, port: int, settings: Sequence[str]) -> str:
     address = host.address(BACK)
-    log = workdir / "postgres.log"
+    host.postgres_data = data
+    log = data.parent / "postgres.log"
     log.touch()
     shutil.chown(log, "postgres")
-    process = host.run([str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(workdir),
+    process = host.run([_postgres_bin("postgres"), "-D", str(data), "-p", str(port), "-k", str(data.parent),
                         "-c", f"listen_addresses={address}", "-c", "max_connections=300", "-c", "fsync=off",
-                        "-c", "synchronous_commit=on", *SERVER_KEEPALIVES], log=log, user="postgres")
+                        "-c", "synchronous_commit=on", *SERVER_KEEPALIVES, *settings], log=log, user="postgres")
     url = f"postgresql://postgres@{address}:{port}/postgres"
     deadline = time.monotonic() + 60
     import psycopg
@@ -276,6 +309,13 @@ def start_postgres(host: Host, *, port: int = PG_PORT) -> str:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"PostgreSQL did not start: {_tail(log)}") from None
             time.sleep(0.2)
+
+
+def pg_ctl(host: Host, *args: str) -> None:
+    """``pg_ctl`` on ``host``'s cluster as the ``postgres`` user (``stop -m immediate``, ``promote``)."""
+    assert host.postgres_data is not None, f"no PostgreSQL on {host.name}"
+    subprocess.run(["runuser", "-u", "postgres", "--", _postgres_bin("pg_ctl"), "-D", str(host.postgres_data),
+                    *args], check=True, capture_output=True, timeout=120)
 
 
 def start_prefect_server(host: Host, workdir: Path, env: dict[str, str]) -> str:

@@ -32,3 +32,19 @@ def test_the_guides_server_settings_are_the_tested_ones() -> None:
     for setting in SERVER_KEEPALIVES[1::2]:
         name, value = setting.split("=")
         assert f"{name} = {value}\n" in guide, setting
+
+
+def test_the_guides_failover_connection_string_is_the_tested_form_and_reaches_both_hosts() -> None:
+    # The failover tests give every process libpq's several hosts with target_session_attrs=read-write and the
+    # options above (tests/hosts/test_failover.py); the guide shows that form, which the store must take as written.
+    from sqlalchemy import create_engine
+
+    from prefect_webhooks.store.engine.engines import sqlalchemy_url
+
+    guide = page("operations/several-hosts.md")
+    shown = re.search(r"'(postgresql://[^']*,[^']*)'", guide)
+    assert shown, "the guide's connection string with several hosts"
+    assert shown.group(1).endswith(f"/webhooks?target_session_attrs=read-write&{CONNECTION_OPTIONS}")
+    engine = create_engine(sqlalchemy_url(shown.group(1)))
+    _, arguments = engine.dialect.create_connect_args(engine.url)
+    assert arguments["host"] == "db1.internal,db2.internal" and arguments["target_session_attrs"] == "read-write"

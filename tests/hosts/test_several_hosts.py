@@ -123,41 +123,60 @@ def start_serve(cluster: Cluster, host: Host, prefect_url: str, app_store_url: s
     return process
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def require_hosts_tests() -> None:
+    """Skip unless asked for (PREFECT_WEBHOOKS_TEST_HOSTS=1) and this machine has what the hosts need."""
     if os.environ.get("PREFECT_WEBHOOKS_TEST_HOSTS") != "1":
         # Not in CI yet: in one run of five the +60 s host's delivery worker stopped claiming after a Prefect API
         # timeout (its later faults then found it holding nothing). Run with PREFECT_WEBHOOKS_TEST_HOSTS=1.
         pytest.skip("the several-hosts tests run with PREFECT_WEBHOOKS_TEST_HOSTS=1 (see the module)")
     require_namespaces()
     skewed_env(0)  # skips (fails in CI) without libfaketime
-    workdir = tmp_path_factory.mktemp("hosts")
+
+
+def hosts_workdir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A module's folder for its hosts' files (readable by the ``postgres`` user), once the hosts tests may run."""
+    require_hosts_tests()
+    workdir = tmp_path_factory.mktemp(name)
     workdir.chmod(0o755)
+    return workdir
+
+
+def start_applications(network: Network, workdir: Path, prefect_host: Host, store_url: str,
+                       app_store_url: str) -> Cluster:
+    """Everything but the database: the Prefect server on ``prefect_host``, the receiver (``rx``) with the
+    destination and source saved, ``serve`` on ``a1`` and ``a2`` with ``app_store_url``, haproxy (``lb``) in front
+    of them once they are healthy. ``store_url`` is the store as this process reads it."""
+    apps = {name: network.add_host(name, number, [FRONT, BACK]) for name, number in (("a1", 11), ("a2", 12))}
+    rx = network.add_host("rx", 20, [FRONT])
+    lb = network.add_host("lb", 30, [FRONT])
+    prefect_url = start_prefect_server(prefect_host, workdir, child_env())
+    receiver_url = start_receiver(rx, workdir, child_env())
+    write_key = f"wk_{uuid.uuid4().hex}"
+    with temporary_settings(updates={PREFECT_API_URL: prefect_url}):
+        save_destination(DESTINATION, [receiver_url], shared_secret="hosts-secret-0001")
+        save_source(SOURCE, write_key, [DESTINATION])
+    cluster = Cluster(network, apps, receiver_url, "", store_url,
+                      "Basic " + base64.b64encode(f"{write_key}:".encode()).decode(), workdir)
+    cluster.prefect_url, cluster.app_store_url = prefect_url, app_store_url
+    cluster.serves = {name: start_serve(cluster, host, prefect_url, app_store_url) for name, host in apps.items()}
+    for name, host in apps.items():
+        wait_http(f"http://{host.address(FRONT)}:{INGEST_PORT}/health", 180, f"serve on {name}",
+                  cluster.serves[name], workdir / f"serve-{name}.log")
+    cluster.lb_url = start_haproxy(lb, list(apps.values()), workdir)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    workdir = hosts_workdir(tmp_path_factory, "hosts")
     network = Network()
     try:
         db = network.add_host("db", 10, [BACK])
-        apps = {name: network.add_host(name, number, [FRONT, BACK]) for name, number in (("a1", 11), ("a2", 12))}
-        rx = network.add_host("rx", 20, [FRONT])
-        lb = network.add_host("lb", 30, [FRONT])
         server = start_postgres(db)
         with psycopg.connect(server, autocommit=True) as connection:
             connection.execute("CREATE DATABASE webhooks")
         store_url = server.rsplit("/", 1)[0] + "/webhooks"
-        prefect_url = start_prefect_server(db, workdir, child_env())
-        receiver_url = start_receiver(rx, workdir, child_env())
-        write_key = f"wk_{uuid.uuid4().hex}"
-        with temporary_settings(updates={PREFECT_API_URL: prefect_url}):
-            save_destination(DESTINATION, [receiver_url], shared_secret="hosts-secret-0001")
-            save_source(SOURCE, write_key, [DESTINATION])
-        cluster = Cluster(network, apps, receiver_url, "", store_url,
-                          "Basic " + base64.b64encode(f"{write_key}:".encode()).decode(), workdir)
-        cluster.prefect_url, cluster.app_store_url = prefect_url, f"{store_url}?{CONNECTION_OPTIONS}"
-        cluster.serves = {name: start_serve(cluster, host, prefect_url, cluster.app_store_url)
-                          for name, host in apps.items()}
-        for name, host in apps.items():
-            wait_http(f"http://{host.address(FRONT)}:{INGEST_PORT}/health", 180, f"serve on {name}",
-                      cluster.serves[name], workdir / f"serve-{name}.log")
-        cluster.lb_url = start_haproxy(lb, list(apps.values()), workdir)
+        cluster = start_applications(network, workdir, db, store_url, f"{store_url}?{CONNECTION_OPTIONS}")
         yield cluster
         print("\nseveral hosts, per fault:\n" + "\n".join(f"  {name}: {json.dumps(result)}"
                                                         for name, result in cluster.results.items()))
@@ -172,6 +191,7 @@ class Stream:
 
     cluster: Cluster
     seconds: float
+    answer_times: bool = False  # the result gets when each batch was sent and answered (``answered``)
     step: int = 0
     result: dict[str, Any] | None = None
     process: subprocess.Popen[str] | None = None
@@ -182,6 +202,8 @@ class Stream:
         spec = {"url": f"{self.cluster.lb_url}/v1/batch", "auth": self.cluster.auth, "batch": BATCH, "rate": RATE,
                 "seconds": self.seconds, "step": self.step, "first": 0, "run": uuid.uuid4().hex[:6],
                 "connections": 64, "timeout": 60}
+        if self.answer_times:
+            spec["answer_times"] = str(self.answers_file())
         self.started = time.time()
         self.process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "load_generator.py"),
                                          json.dumps(spec)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
@@ -199,6 +221,11 @@ class Stream:
         if exc[0] is None:
             assert self.process.returncode == 0, "the load generator failed"
             self.result = json.loads(out.strip().splitlines()[-1])
+            if self.answer_times:
+                self.result["answered"] = json.loads(self.answers_file().read_text())
+
+    def answers_file(self) -> Path:
+        return self.cluster.workdir / f"answers-{self.step}.json"
 
     def acknowledged(self) -> set[int]:
         """The message numbers of every batch answered 200."""

@@ -127,3 +127,26 @@ def test_a_slow_reading_does_not_replace_a_better_recent_one() -> None:
     assert clock._reading[0] == 1099.0
     clock.note(1099.5, 80.6, 80.601)  # a fast one always replaces
     assert clock._reading[0] == 1099.5
+
+
+def test_a_reading_from_another_server_replaces_a_better_one() -> None:
+    # A failover: the promoted standby is another machine, another clock. Its first reading, slow as it may be
+    # while every process reconnects, is kept at once rather than after TRUST_SECONDS of the old server's.
+    clock = DatabaseClock()
+    clock.note(1000.0, 10.0, 10.002, server="10.0.0.1:5432")
+    clock.note(1012.0, 12.0, 12.5, server="10.0.0.2:5432")
+    assert clock._reading is not None and clock._reading[0] == 1012.0
+    clock.note(1020.0, 20.0, 21.0, server="10.0.0.2:5432")  # the same server again: slower, not kept
+    assert clock._reading[0] == 1012.0
+
+
+@pytest.mark.postgres
+def test_a_reading_knows_the_server_it_came_from(postgres_url: str) -> None:
+    from urllib.parse import urlsplit
+
+    engine = get_engine(postgres_url)
+    clock = DatabaseClock()
+    with engine.connect() as connection:
+        clock.read(connection.connection.dbapi_connection)
+    where = urlsplit(postgres_url)
+    assert clock._server == f"{where.hostname}:{where.port or 5432}"

@@ -10,6 +10,7 @@ that upgraded says on standard error what it did and how long it took.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sqlite3
 import sys
@@ -148,6 +149,31 @@ def _first_line(exc: DBAPIError) -> str:
     return str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
 
 
+# libpq's URL: scheme, then everything up to the path (user, password, the hosts), the path, the query.
+_LIBPQ_URL = re.compile(r"^(?P<scheme>postgres(?:ql)?(?:\+psycopg)?)://(?P<netloc>[^/?#]*)(?P<path>[^?#]*)"
+                        r"(?:\?(?P<query>[^#]*))?$")
+
+
+def sqlalchemy_url(url: str) -> str:
+    """A PostgreSQL store URL as SQLAlchemy's psycopg dialect reads it; other URLs as they are.
+
+    People copy libpq's form, ``postgresql://user:pw@db1:5432,db2:5432/webhooks?target_session_attrs=read-write``
+    (a primary and its standby: libpq connects to the one that takes writes). SQLAlchemy parses the port of that
+    netloc as one integer and fails (``invalid literal for int() ... '5432,db2:5432'``); it takes several hosts as
+    ``host=`` query parameters instead: ``postgresql+psycopg://user:pw@/webhooks?host=db1:5432&host=db2:5432&...``.
+    ``postgresql://`` and ``postgres://`` (libpq's other scheme) get psycopg, the driver the store is tested with.
+    """
+    match = _LIBPQ_URL.match(url)
+    if match is None:
+        return url
+    userinfo, at, hosts = match["netloc"].rpartition("@")
+    netloc, query = match["netloc"], match["query"]
+    if "," in hosts:
+        netloc = userinfo + at
+        query = "&".join([*(f"host={host}" for host in hosts.split(",")), *([query] if query else [])])
+    return f"postgresql+psycopg://{netloc}{match['path']}" + (f"?{query}" if query is not None else "")
+
+
 def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -> Engine:
     if url.startswith("sqlite"):
         path = _sqlite_file(url)
@@ -160,14 +186,29 @@ def _make_engine(url: str, *, create: bool = True, checkpointed: bool = False) -
         if checkpointed and path:
             event.listen(engine, "connect", _no_autocheckpoint)
     else:
-        if url.startswith("postgresql://"):
-            url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-        engine = create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        engine = create_engine(sqlalchemy_url(url), pool_size=10, max_overflow=20, pool_pre_ping=True)
+        event.listen(engine, "handle_error", _read_only_server_is_a_disconnect)
         # Times that decide ownership and due-ness come from the database's clock (``clock``).
         follow_database_clock(engine)
     if create:
         create_schema(engine)
     return engine
+
+
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction: "cannot execute INSERT in a read-only transaction"
+
+
+def _read_only_server_is_a_disconnect(context: Any) -> None:
+    """A statement refused because the server takes no writes (a standby, a demoted primary) ends its connection.
+
+    ``target_session_attrs=read-write`` keeps new connections off such a server, but a pooled connection made
+    earlier stays where it is, and the pool's pre-ping (``SELECT 1``) passes on a standby: without this every retry
+    of the store call would take the same connection and be refused again. Counted as a disconnect, the pool drops
+    its connections and the next checkout connects anew, to the server that takes writes; the caller sees an error
+    with ``connection_invalidated`` and retries it as a store that is unavailable for a moment.
+    """
+    if getattr(context.original_exception, "sqlstate", None) == READ_ONLY_SQLSTATE:
+        context.is_disconnect = True
 
 
 @dataclass

@@ -19,6 +19,10 @@ clock, so a host's wall clock (however far off, or stepped by NTP meanwhile) nev
   reads three times, and a reading whose round trip took over 1.5 times the kept one's replaces it only once that
   one is ``TRUST_SECONDS`` old. Between readings the monotonic
   clock may drift from the database's by NTP's slew (500 ppm at most: 2.5 ms over 5 s).
+- **A new server.** After a failover (libpq's several hosts, ``target_session_attrs=read-write``) new connections
+  reach the promoted standby, whose clock is another machine's. A reading from another server than the kept one's
+  (the host and port the connection reached) replaces it whatever its round trip: the old server's reading, however
+  exact, is of a clock that no longer decides.
 - **What it does not cover.** A machine suspended and resumed: its monotonic clock stood still, and the first store
   times until the next reading (taken by the first store call) are behind by the suspension. A database whose
   clock is stepped: followed at the next reading.
@@ -62,6 +66,7 @@ class DatabaseClock:
         # (seconds since the epoch by the database, this process's monotonic time at that moment, the round trip)
         self._reading: tuple[float, float, float] | None = None
         self._read_at = -float("inf")  # monotonic time of the last attempt to read, good or not
+        self._server: str | None = None  # the server (host:port) the kept reading came from, when known
         self._lock = threading.Lock()
 
     def seconds(self) -> float:
@@ -90,22 +95,38 @@ class DatabaseClock:
             answered = time.monotonic()
         finally:
             cursor.close()
-        self.note(value, sent, answered)
+        self.note(value, sent, answered, server=server_of(dbapi_connection))
         return value
 
-    def note(self, value: float, sent: float, answered: float) -> None:
+    def note(self, value: float, sent: float, answered: float, *, server: str | None = None) -> None:
         """Keep a reading ``value`` (epoch seconds) taken by a round trip from ``sent`` to ``answered`` (monotonic)
-        unless it is less exact than the kept one, which is still recent."""
+        unless it is less exact than the kept one, which is still recent and of the same server (``server``: the
+        host and port it came from; None when not known, taken as the kept one's)."""
         round_trip = answered - sent
         with self._lock:
             kept = self._reading
-            if kept is not None and round_trip > 1.5 * kept[2] + 0.001 and answered - kept[1] < TRUST_SECONDS:
+            same_server = server is None or self._server is None or server == self._server
+            if (
+                kept is not None
+                and same_server
+                and round_trip > 1.5 * kept[2] + 0.001
+                and answered - kept[1] < TRUST_SECONDS
+            ):
                 return
             self._reading = (value, (sent + answered) / 2, round_trip)
+            if server is not None:
+                self._server = server
 
     def offset(self) -> float:
         """Seconds the database's clock is ahead of this host's wall clock (for logs and tests)."""
         return self.seconds() - time.time()
+
+
+def server_of(dbapi_connection: Any) -> str | None:
+    """The server a psycopg connection reached (``host:port``; of several hosts, the one libpq chose), or None."""
+    info = getattr(dbapi_connection, "info", None)
+    host, port = getattr(info, "host", None), getattr(info, "port", None)
+    return f"{host}:{port}" if host else None
 
 
 _clocks: WeakKeyDictionary[Engine, DatabaseClock] = WeakKeyDictionary()

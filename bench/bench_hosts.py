@@ -49,10 +49,12 @@ from load_generator import finish_generator, start_generator  # noqa: E402
 
 from tests.hosts import (  # noqa: E402
     BACK,
+    CONNECTION_OPTIONS,
     FRONT,
     INGEST_PORT,
     Host,
     Network,
+    child_env,
     require_namespaces,
     start_haproxy,
     start_postgres,
@@ -61,16 +63,8 @@ from tests.hosts import (  # noqa: E402
     wait_http,
 )
 
-# What docs/operations/several-hosts.md puts in each host's connection string.
-CONNECTION_OPTIONS = ("connect_timeout=3&tcp_user_timeout=5000&keepalives_idle=5&keepalives_interval=2"
-                      "&keepalives_count=2")
 WARM_UP_SECONDS = 10.0
 IDLE_SECONDS = 15.0
-
-
-def child_env() -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PREFECT_"))},
-            "PYTHONPATH": str(ROOT)}
 
 
 def namespace_cpu(host: Host) -> dict[str, float]:

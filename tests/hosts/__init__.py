@@ -219,6 +219,18 @@ class Network:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+# What the guide says to put in every process's connection string: a dead link is noticed within seconds, not the
+# kernel's 15 minutes of retransmissions.
+CONNECTION_OPTIONS = ("connect_timeout=3&tcp_user_timeout=5000&keepalives_idle=5&keepalives_interval=2"
+                      "&keepalives_count=2")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a process a test starts on a host: this one's, less pytest's and Prefect's settings."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PREFECT_"))},
+            "PYTHONPATH": str(ROOT)}
+
+
 def wait_http(url: str, timeout: float, what: str, process: subprocess.Popen[Any] | None = None,
               log: Path | None = None) -> None:
     """Wait until ``url`` answers 200."""

@@ -43,11 +43,13 @@ from prefect_webhooks.store.queue.outbox import OUTBOX
 from prefect_webhooks.store.schema.tables import store_now
 from tests.hosts import (
     BACK,
+    CONNECTION_OPTIONS,
     FRONT,
     INGEST_PORT,
     ROOT,
     Host,
     Network,
+    child_env,
     require_namespaces,
     start_haproxy,
     start_postgres,
@@ -71,10 +73,6 @@ FAIL_EVERY = 7
 CLOCK_TOLERANCE = 0.15
 SKEW = {"a1": +60.0, "a2": -60.0}
 DESTINATION, SOURCE = "hosts-dest", "hosts-source"
-# What the guide says to put in every process's connection string: a dead link is noticed within seconds, not the
-# kernel's 15 minutes of retransmissions.
-CONNECTION_OPTIONS = ("connect_timeout=3&tcp_user_timeout=5000&keepalives_idle=5&keepalives_interval=2"
-                      "&keepalives_count=2")
 
 
 @dataclass
@@ -101,11 +99,6 @@ class Cluster:
 
     def stats(self, step: int) -> dict[str, Any]:
         return httpx.get(f"{self.receiver_url}/_stats/{step}", timeout=30).json()
-
-
-def child_env() -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PREFECT_"))},
-            "PYTHONPATH": str(ROOT)}
 
 
 def start_serve(cluster: Cluster, host: Host, prefect_url: str, app_store_url: str) -> subprocess.Popen[Any]:

@@ -198,7 +198,7 @@ class RunRecords:
             first_look: dict[UUID, UUID | None] = {}
 
             async def look() -> None:
-                pending = await pending_served_runs(client)
+                pending = await _pending_served_runs(client)
                 first_look.update({run_id: _state_id(run) for run_id, run in pending.items()})
 
             if await self._record(look) and first_look:
@@ -221,7 +221,7 @@ class RunRecords:
         Watched, not dated: a Pending state's timestamp comes from the clock of the host whose runner took the run,
         and this host's wall clock may be a minute off from it (several hosts): a cut-off on either would crash a run
         another host has just taken, or never crash a stuck one."""
-        for run_id, run in (await pending_served_runs(client)).items():
+        for run_id, run in (await _pending_served_runs(client)).items():
             if run_id in first_look and first_look[run_id] == _state_id(run):
                 await client.set_flow_run_state(run_id, Crashed(message=(
                     "This run crashed: it was taken while the Prefect API could not be reached and never started; "
@@ -236,7 +236,7 @@ class RunRecords:
                            "records it): %s", what)
 
 
-async def pending_served_runs(client: PrefectClient) -> dict[UUID, FlowRun]:
+async def _pending_served_runs(client: PrefectClient) -> dict[UUID, FlowRun]:
     """The ``Pending`` runs of the deployments ``serve`` runs itself (this package's tag, no work pool), by id."""
     pending = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING])),
